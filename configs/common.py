@@ -1,0 +1,144 @@
+"""Defaults shared by every family's config: one place for each section.
+
+Family files (`configs/<family>.py`) call `base_config()` and override what differs.
+Sections: model, objective, data, tokenizer, optimizer, train, mesh, checkpoint, logging.
+"""
+import ml_collections
+
+# Logical axis name -> mesh axis (or None = replicated). Model code names only the logical
+# axes; this table is the one place that maps them onto the (data, fsdp, tensor) mesh.
+DEFAULT_RULES = (
+    ("act_batch", ("data", "fsdp")),
+    ("act_len", None),
+    ("act_embed", None),
+    ("act_heads", "tensor"),
+    ("act_kv", None),
+    ("act_mlp", "tensor"),
+    ("act_vocab", "tensor"),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("mlp", "tensor"),
+    ("layers", None),
+)
+
+
+def parse_arg(arg, **defaults):
+  """Parses `variant,key=value,...` (big_vision style) into a ConfigDict."""
+  out = ml_collections.ConfigDict(defaults)
+  if not arg:
+    return out
+  for i, part in enumerate(arg.split(",")):
+    if "=" not in part:
+      if i == 0 and "variant" in defaults:
+        out.variant = part
+        continue
+      raise ValueError(f"config arg piece {part!r} is not key=value")
+    key, value = part.split("=", 1)
+    if key not in out:
+      raise ValueError(f"unknown config arg {key!r}; known: {sorted(out.keys())}")
+    kind = type(out[key])
+    out[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+  return out
+
+
+def model_defaults():
+  """Architecture fields, named as in Hugging Face configs where they exist."""
+  m = ml_collections.ConfigDict()
+  m.family = "bert"
+  m.variant = ""
+  m.vocab_size = 30522
+  m.hidden_size = 768
+  m.num_hidden_layers = 12
+  m.num_attention_heads = 12
+  m.intermediate_size = 3072
+  m.hidden_act = "gelu"
+  m.hidden_dropout_prob = 0.1
+  m.attention_probs_dropout_prob = 0.1
+  m.max_position_embeddings = 512
+  m.type_vocab_size = 2
+  m.layer_norm_eps = 1e-12
+  m.pad_token_id = 0
+  # RoBERTa numbers positions from pad_token_id + 1 (HF's create_position_ids_from_input_ids).
+  m.position_style = "absolute"  # absolute | roberta
+  m.initializer_range = 0.02
+  m.heads = ("mlm", "nsp")  # subset of: pooler, mlm, nsp
+  m.dtype = "float32"  # compute dtype; params are always float32
+  m.attention_impl = "xla"  # xla (jax.nn.dot_product_attention) | einsum | cudnn | splash
+  m.remat_policy = "none"  # none | full | dots_saveable | dots_with_no_batch_dims_saveable
+  m.scan_layers = False
+  m.vocab_pad_multiple = 1  # >1 pads the embedding table; padded rows are never predicted
+  return m
+
+
+def base_config():
+  c = ml_collections.ConfigDict()
+  c.model = model_defaults()
+
+  c.objective = ml_collections.ConfigDict()
+  c.objective.name = "mlm"  # mlm | mlm_nsp (later: sop, rtd, distill)
+  c.objective.mask_rate = 0.15
+  c.objective.mask_token_prob = 0.8  # of the selected tokens: 80% [MASK]
+  c.objective.random_token_prob = 0.1  # 10% random token, the rest unchanged
+  c.objective.whole_word = False
+  c.objective.nsp_prob = 0.5  # probability the second segment is a random one
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = "default"  # default | text | tfds
+  c.data.files = ""  # glob(s), comma separated, for source=text
+  c.data.tfds_name = ""
+  c.data.tfds_data_dir = ""  # may be gs://... on Cloud TPU
+  c.data.train_split = "train"
+  c.data.eval_split = ""  # empty: hold out eval_fraction of the documents
+  c.data.eval_fraction = 0.02
+  c.data.text_key = "text"
+  c.data.seq_len = 128
+  c.data.global_batch = 32
+  c.data.packing = "documents"  # documents (rows packed, docs never attend across) | pairs (NSP)
+  c.data.shuffle_seed = 0
+  c.data.num_epochs = -1  # -1: repeat forever
+  c.data.worker_count = 0
+  c.data.max_documents = -1
+
+  c.tokenizer = ml_collections.ConfigDict()
+  c.tokenizer.kind = "sentencepiece_train"  # sentencepiece_train | sentencepiece | hf
+  c.tokenizer.path = ""  # .model for sentencepiece; tokenizer.json / vocab.txt for hf
+  c.tokenizer.vocab_size = 8000
+  c.tokenizer.model_type = "unigram"  # unigram | bpe (sentencepiece_train only)
+  c.tokenizer.lowercase = False
+  c.tokenizer.train_sentences = 200_000
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.name = "adamw"  # adamw | lamb
+  c.optimizer.learning_rate = 1e-4
+  c.optimizer.b1 = 0.9
+  c.optimizer.b2 = 0.999
+  c.optimizer.eps = 1e-6
+  c.optimizer.weight_decay = 0.01
+  c.optimizer.schedule = "linear"  # linear | cosine | wsd | constant
+  c.optimizer.warmup_steps = 100
+  c.optimizer.decay_fraction = 0.1  # wsd: fraction of steps spent decaying
+  c.optimizer.clip_norm = 1.0  # <= 0 disables
+  c.optimizer.grad_accum_steps = 1
+
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 1000
+  c.train.seed = 0
+  c.train.log_every = 50
+  c.train.eval_every = 500
+  c.train.eval_batches = 8
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
+  c.mesh.rules = DEFAULT_RULES
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 500
+  c.checkpoint.keep = 2
+  c.checkpoint.use_async = True
+
+  c.logging = ml_collections.ConfigDict()
+  c.logging.tensorboard = True
+  c.logging.plot = True
+  return c

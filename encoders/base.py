@@ -1,0 +1,112 @@
+"""What every family shares above the layers: the output pytree, the family registry,
+input validation at the boundary, and position ids."""
+from typing import Callable, Dict, Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class EncoderOutput:
+  """What `model.apply` returns. Heads a model lacks are None.
+
+  last_hidden_state (B,T,D); pooler_output (B,D); mlm_logits (B,T,V), or (B,M,V) when
+  called with masked_positions (B,M); nsp_logits / sop_logits (B,2); rtd_logits (B,T).
+  """
+  last_hidden_state: Array
+  pooler_output: Optional[Array] = None
+  mlm_logits: Optional[Array] = None
+  nsp_logits: Optional[Array] = None
+  sop_logits: Optional[Array] = None
+  rtd_logits: Optional[Array] = None
+
+
+_FAMILIES: Dict[str, Callable] = {}
+
+
+def register_family(name: str):
+  """Class decorator: `encoders.build(config)` dispatches on config.family."""
+  def wrap(cls):
+    _FAMILIES[name] = cls
+    return cls
+  return wrap
+
+
+def build(model_config):
+  """model_config (ConfigDict, the `model` section) -> an unbound Flax module."""
+  family = model_config.get("family", "bert")
+  if family not in _FAMILIES:
+    raise ValueError(f"unknown model family {family!r}; available: {sorted(_FAMILIES)}")
+  cfg = ml_collections.FrozenConfigDict(model_config)
+  return _FAMILIES[family](config=cfg)
+
+
+def padded_vocab_size(cfg) -> int:
+  """Embedding rows: vocab_size rounded up to vocab_pad_multiple (padding never predicted)."""
+  m = max(cfg.get("vocab_pad_multiple", 1), 1)
+  return -(-cfg.vocab_size // m) * m
+
+
+def _is_concrete(x) -> bool:
+  return not isinstance(x, jax.core.Tracer)
+
+
+def _check_range(name: str, x, low: int, high: int, what: str):
+  if x is None or not _is_concrete(x) or x.size == 0:
+    return
+  arr = np.asarray(x)
+  lo, hi = int(arr.min()), int(arr.max())
+  if lo < low or hi >= high:
+    bad = lo if lo < low else hi
+    raise ValueError(f"{name} contains {bad}, outside [{low}, {high}) ({what})")
+
+
+def validate_inputs(cfg, input_ids, attention_mask=None, token_type_ids=None,
+                    segment_ids=None, position_ids=None, max_length=None):
+  """Raises ValueError naming the problem; runs before any computation.
+
+  Shapes and dtypes are always checked (also while tracing under jit); value ranges are
+  checked whenever the arrays are concrete (eager `apply`, and the trainer checks host
+  batches) — JAX would otherwise clamp an out-of-range gather silently.
+  """
+  if not hasattr(input_ids, "shape") or not hasattr(input_ids, "dtype"):
+    raise ValueError(f"input_ids must be an integer array, got {type(input_ids).__name__}")
+  if not jnp.issubdtype(input_ids.dtype, jnp.integer):
+    raise ValueError(f"input_ids must have an integer dtype, got {input_ids.dtype}")
+  if input_ids.ndim != 2:
+    raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
+  others = dict(attention_mask=attention_mask, token_type_ids=token_type_ids,
+                segment_ids=segment_ids, position_ids=position_ids)
+  for name, x in others.items():
+    if x is None:
+      continue
+    if tuple(x.shape) != tuple(input_ids.shape):
+      raise ValueError(f"{name} has shape {tuple(x.shape)} but input_ids has "
+                       f"{tuple(input_ids.shape)}")
+    if not (jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_):
+      raise ValueError(f"{name} must be integer or bool, got {x.dtype}")
+  length = input_ids.shape[1]
+  if max_length is not None and length > max_length:
+    raise ValueError(f"sequence length {length} exceeds the model's maximum of {max_length} "
+                     "positions")
+  _check_range("input_ids", input_ids, 0, cfg.vocab_size, f"vocab_size={cfg.vocab_size}")
+  _check_range("attention_mask", attention_mask, 0, 2, "must be 0 or 1")
+  if token_type_ids is not None:
+    n_types = max(cfg.get("type_vocab_size", 0), 1)
+    _check_range("token_type_ids", token_type_ids, 0, n_types, f"type_vocab_size={n_types}")
+  if position_ids is not None and max_length is not None:
+    _check_range("position_ids", position_ids, 0, max_length, "position table size")
+
+
+def positions_in_segments(segment_ids: Array) -> Array:
+  """(B,T) segment ids -> (B,T) positions restarting at 0 where the segment id changes."""
+  t = segment_ids.shape[1]
+  idx = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), segment_ids.shape)
+  starts = jnp.concatenate(
+      [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], 1)
+  return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)

@@ -1,0 +1,55 @@
+"""Task heads shared by the families: MLM, pooler, sentence-pair classifiers (NSP/SOP)."""
+from typing import Callable
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from encoders import layers
+
+
+class MlmHead(nn.Module):
+  """(B,T,D) -> (B,T,V): dense, activation, LayerNorm, tied decoder `decode` (+ bias).
+
+  `decode` maps (..., E) to vocabulary logits, usually the word embeddings' `attend`, so
+  the decoder weight is the embedding table (BERT, RoBERTa, ALBERT, ELECTRA's generator).
+  """
+  vocab_size: int
+  transform_size: int
+  act: str = "gelu"
+  layer_norm_eps: float = 1e-12
+  init_std: float = 0.02
+  dtype: layers.Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, decode: Callable):
+    h = layers.Dense((self.transform_size,), ("embed", "mlp"), init_std=self.init_std,
+                     dtype=self.dtype, name="transform")(x)
+    h = layers.activation(self.act)(h)
+    h = layers.LayerNorm(self.layer_norm_eps, dtype=self.dtype, name="norm")(h)
+    logits = decode(h)
+    bias = self.param("bias", layers.zeros_init(("vocab",)), (logits.shape[-1],), jnp.float32)
+    return logits + bias.astype(logits.dtype)
+
+
+class Pooler(nn.Module):
+  """(B,T,D) -> (B,D): tanh(dense(first token))."""
+  hidden_size: int
+  init_std: float = 0.02
+  dtype: layers.Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    return jnp.tanh(layers.Dense((self.hidden_size,), ("embed", "mlp"), init_std=self.init_std,
+                                 dtype=self.dtype, name="dense")(x[:, 0]))
+
+
+class Classifier(nn.Module):
+  """(B,D) -> (B,num_labels): the NSP / SOP / sequence-classification output layer."""
+  num_labels: int = 2
+  init_std: float = 0.02
+  dtype: layers.Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    return layers.Dense((self.num_labels,), ("embed", None), init_std=self.init_std,
+                        dtype=self.dtype, name="dense")(x)

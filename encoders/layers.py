@@ -1,0 +1,362 @@
+"""Shared primitives every family composes: dense, embeddings, norms, attention, MLPs, blocks.
+
+Parameters are created with logical axis names (`vocab`, `embed`, `heads`, `kv`, `mlp`);
+activations are constrained with `act_*` names. Model code never names a mesh axis: one
+rules table (config.mesh.rules) maps the logical names onto the (data, fsdp, tensor) mesh.
+
+Shapes: B batch, T sequence, D hidden, E embedding, H heads, K head dim, F MLP width, V vocab.
+"""
+import functools
+import math
+from typing import Any, Callable, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+Dtype = Any
+
+_ACTIVATIONS = {
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu_new": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu_fast": functools.partial(jax.nn.gelu, approximate=True),
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "tanh": jnp.tanh,
+}
+
+
+def activation(name: str) -> Callable[[Array], Array]:
+  if name not in _ACTIVATIONS:
+    raise ValueError(f"unsupported activation {name!r}; supported: {sorted(_ACTIVATIONS)}")
+  return _ACTIVATIONS[name]
+
+
+def constrain(x: Array, axes: Sequence[Optional[str]]) -> Array:
+  """Logical sharding constraint on an activation (a no-op outside a mesh/rules context)."""
+  return nn.with_logical_constraint(x, tuple(axes))
+
+
+def normal_init(std: float, axes: Sequence[Optional[str]]):
+  return nn.with_logical_partitioning(nn.initializers.normal(std), tuple(axes))
+
+
+def zeros_init(axes: Sequence[Optional[str]]):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), tuple(axes))
+
+
+def ones_init(axes: Sequence[Optional[str]]):
+  return nn.with_logical_partitioning(nn.initializers.ones_init(), tuple(axes))
+
+
+class Dense(nn.Module):
+  """A linear map over the trailing `len(in_axes)` dims with logical kernel axes.
+
+  Kernel shape = in_shape + features; e.g. the query projection is (D,) -> (H, K) with
+  kernel_axes ("embed", "heads", "kv"); the attention output is (H, K) -> (D,).
+  """
+  features: Sequence[int]
+  kernel_axes: Sequence[Optional[str]]
+  use_bias: bool = True
+  init_std: float = 0.02
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    features = tuple(self.features)
+    n_in = len(self.kernel_axes) - len(features)
+    in_shape = x.shape[x.ndim - n_in:]
+    kernel = self.param("kernel", normal_init(self.init_std, self.kernel_axes),
+                        in_shape + features, jnp.float32)
+    x = x.astype(self.dtype)
+    contract = tuple(range(x.ndim - n_in, x.ndim))
+    y = jax.lax.dot_general(x, kernel.astype(self.dtype),
+                            ((contract, tuple(range(n_in))), ((), ())))
+    if self.use_bias:
+      bias = self.param("bias", zeros_init(self.kernel_axes[n_in:]), features, jnp.float32)
+      y = y + bias.astype(self.dtype)
+    return y
+
+
+class LayerNorm(nn.Module):
+  """LayerNorm over the last dim, statistics in float32, with or without a bias."""
+  epsilon: float = 1e-12
+  use_bias: bool = True
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    d = x.shape[-1]
+    scale = self.param("scale", ones_init(("embed",)), (d,), jnp.float32)
+    xf = x.astype(jnp.float32)
+    mean = xf.mean(-1, keepdims=True)
+    var = jnp.square(xf - mean).mean(-1, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + self.epsilon) * scale
+    if self.use_bias:
+      y = y + self.param("bias", zeros_init(("embed",)), (d,), jnp.float32)
+    return y.astype(self.dtype)
+
+
+def sinusoidal_table(num_positions: int, dim: int) -> Array:
+  """(P, dim) fixed sin/cos position table (DistilBERT's sinusoidal_pos_embds layout)."""
+  pos = jnp.arange(num_positions, dtype=jnp.float32)[:, None]
+  inv = jnp.power(10000.0, -2.0 * (jnp.arange(dim) // 2) / dim)[None, :]
+  angles = pos * inv
+  table = jnp.where(jnp.arange(dim) % 2 == 0, jnp.sin(angles), jnp.cos(angles))
+  return table
+
+
+class Embeddings(nn.Module):
+  """Word (+ position) (+ token type) embeddings, then LayerNorm, dropout and an optional
+  E -> D projection (ALBERT, ELECTRA's small generators).
+
+  input_ids (B,T), position_ids (B,T), token_type_ids (B,T) -> (B,T,D).
+  `word_embeddings` is a separate submodule so MLM decoders can tie to it (`attend`).
+  """
+  vocab_size: int
+  embedding_size: int
+  max_position_embeddings: int = 0  # 0: no learned positions (DeBERTa, ModernBERT)
+  type_vocab_size: int = 0  # 0: no token types
+  sinusoidal_positions: bool = False
+  layer_norm_eps: float = 1e-12
+  norm_bias: bool = True
+  use_norm: bool = True
+  dropout_rate: float = 0.0
+  projection_size: int = 0  # 0: no projection
+  init_std: float = 0.02
+  dtype: Dtype = jnp.float32
+
+  def setup(self):
+    self.word_embeddings = nn.Embed(
+        self.vocab_size, self.embedding_size, dtype=self.dtype, param_dtype=jnp.float32,
+        embedding_init=normal_init(self.init_std, ("vocab", "embed")))
+
+  @nn.compact
+  def __call__(self, input_ids, position_ids=None, token_type_ids=None, deterministic=True):
+    x = self.word_embeddings(input_ids)
+    if self.max_position_embeddings:
+      if self.sinusoidal_positions:
+        table = sinusoidal_table(self.max_position_embeddings, self.embedding_size)
+        x = x + jnp.take(table, position_ids, axis=0).astype(self.dtype)
+      else:
+        x = x + nn.Embed(self.max_position_embeddings, self.embedding_size, dtype=self.dtype,
+                         param_dtype=jnp.float32, name="position_embeddings",
+                         embedding_init=normal_init(self.init_std, (None, "embed")))(position_ids)
+    if self.type_vocab_size:
+      x = x + nn.Embed(self.type_vocab_size, self.embedding_size, dtype=self.dtype,
+                       param_dtype=jnp.float32, name="token_type_embeddings",
+                       embedding_init=normal_init(self.init_std, (None, "embed")))(token_type_ids)
+    if self.use_norm:
+      x = LayerNorm(self.layer_norm_eps, self.norm_bias, self.dtype, name="norm")(x)
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    if self.projection_size:
+      x = Dense((self.projection_size,), ("embed", "mlp"), init_std=self.init_std,
+                dtype=self.dtype, name="projection")(x)
+    return constrain(x, ("act_batch", "act_len", "act_embed"))
+
+  def attend(self, x: Array) -> Array:
+    """Tied decoder: (..., E) -> (..., V) logits against the word embedding table."""
+    return self.word_embeddings.attend(x)
+
+
+def make_attention_mask(attention_mask: Array, segment_ids: Optional[Array] = None,
+                        local_window: Optional[int] = None) -> Array:
+  """(B,T) padding mask [+ (B,T) segment ids] -> (B,1,T,T) bool, True = may attend.
+
+  Padding keys are never attended. With segment ids (packed rows), a real query attends
+  only keys of its own segment. With a local window w, |i - j| <= w // 2. Padding queries
+  attend every real key, as in transformers (so even logits at padding match it); a query
+  left with no key at all attends itself, so no softmax row is empty.
+  """
+  valid = attention_mask.astype(bool)
+  mask = jnp.broadcast_to(valid[:, None, None, :], valid.shape[:1] + (1,) + valid.shape[1:] * 2)
+  if segment_ids is not None:
+    same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+    mask = mask & (same | ~valid[:, None, :, None])
+  if local_window:
+    t = attention_mask.shape[-1]
+    idx = jnp.arange(t)
+    mask &= (jnp.abs(idx[:, None] - idx[None, :]) <= local_window // 2)[None, None]
+  empty = ~mask.any(-1, keepdims=True)
+  return mask | (empty & jnp.eye(attention_mask.shape[-1], dtype=bool)[None, None])
+
+
+def rotary(x: Array, positions: Array, theta: float) -> Array:
+  """Rotary position embedding (half-split layout, as HF/ModernBERT): x (B,T,H,K)."""
+  k = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, k, 2, dtype=jnp.float32) / k))
+  angles = positions[..., None].astype(jnp.float32) * inv_freq  # (B,T,K/2)
+  cos = jnp.cos(jnp.concatenate([angles, angles], -1))[:, :, None, :]
+  sin = jnp.sin(jnp.concatenate([angles, angles], -1))[:, :, None, :]
+  xf = x.astype(jnp.float32)
+  x1, x2 = jnp.split(xf, 2, axis=-1)
+  rotated = jnp.concatenate([-x2, x1], -1)
+  return (xf * cos + rotated * sin).astype(x.dtype)
+
+
+def attention_scores_einsum(q, k, v, mask, bias=None, scale=None, dropout_fn=None):
+  """Reference attention: q,k,v (B,T,H,K), mask (B,1|H,T,T) bool, bias (B|1,H|1,T,T)."""
+  scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+  scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32) * scale
+  if bias is not None:
+    scores = scores + bias.astype(jnp.float32)
+  scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  if dropout_fn is not None:
+    probs = dropout_fn(probs)
+  return jnp.einsum("bhqs,bshk->bqhk", probs, v)
+
+
+class MultiHeadAttention(nn.Module):
+  """Self-attention over (B,T,D) with a (B,1,T,T) boolean mask.
+
+  Room for every family: `bias` adds a score term (B|1,H|1,T,T) (DeBERTa's c2p/p2c are
+  computed by the family from `project` outputs and passed here, with `scale`);
+  `rope_theta` applies rotary q/k at `positions`; the mask carries padding, segments and
+  any local window. impl: "xla"/"cudnn" (jax.nn.dot_product_attention), "einsum"
+  (the reference every path is tested against). Attention-probability dropout in training
+  needs the probabilities, so it always takes the einsum path.
+  """
+  num_heads: int
+  head_dim: int
+  hidden_size: int
+  use_bias: bool = True
+  dropout_rate: float = 0.0
+  rope_theta: Optional[float] = None
+  impl: str = "xla"
+  init_std: float = 0.02
+  dtype: Dtype = jnp.float32
+
+  def setup(self):
+    proj = functools.partial(Dense, (self.num_heads, self.head_dim), ("embed", "heads", "kv"),
+                             use_bias=self.use_bias, init_std=self.init_std, dtype=self.dtype)
+    self.query, self.key, self.value = proj(name="query"), proj(name="key"), proj(name="value")
+    self.out = Dense((self.hidden_size,), ("heads", "kv", "embed"), use_bias=self.use_bias,
+                     init_std=self.init_std, dtype=self.dtype)
+    self.attn_dropout = nn.Dropout(self.dropout_rate)
+
+  def project(self, x: Array):
+    """(B,T,D) -> q, k, v each (B,T,H,K)."""
+    axes = ("act_batch", "act_len", "act_heads", "act_kv")
+    return tuple(constrain(p(x), axes) for p in (self.query, self.key, self.value))
+
+  def __call__(self, x, mask, positions=None, bias=None, scale=None, deterministic=True):
+    q, k, v = self.project(x)
+    if self.rope_theta is not None:
+      q, k = rotary(q, positions, self.rope_theta), rotary(k, positions, self.rope_theta)
+    use_dropout = not deterministic and self.dropout_rate > 0.0
+    if self.impl == "einsum" or use_dropout or (bias is not None and scale is not None):
+      dropout_fn = (lambda p: self.attn_dropout(p, deterministic=False)) if use_dropout else None
+      ctx = attention_scores_einsum(q, k, v, mask, bias, scale, dropout_fn)
+    elif self.impl in ("xla", "cudnn"):
+      ctx = jax.nn.dot_product_attention(
+          q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
+          scale=scale, implementation=self.impl)
+    else:
+      raise ValueError(f"unknown attention impl {self.impl!r}; use xla, cudnn or einsum")
+    ctx = constrain(ctx, ("act_batch", "act_len", "act_heads", "act_kv"))
+    return self.out(ctx)
+
+
+class Mlp(nn.Module):
+  """(B,T,D) -> (B,T,D): act(x W_in) W_out, or GeGLU act(x W_a) * (x W_g) W_out when gated."""
+  intermediate_size: int
+  hidden_size: int
+  act: str = "gelu"
+  gated: bool = False
+  use_bias: bool = True
+  init_std: float = 0.02
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    width = self.intermediate_size * (2 if self.gated else 1)
+    h = Dense((width,), ("embed", "mlp"), self.use_bias, self.init_std, self.dtype,
+              name="wi")(x)
+    h = constrain(h, ("act_batch", "act_len", "act_mlp"))
+    if self.gated:
+      h, gate = jnp.split(h, 2, axis=-1)
+      h = activation(self.act)(h) * gate
+    else:
+      h = activation(self.act)(h)
+    return Dense((self.hidden_size,), ("mlp", "embed"), self.use_bias, self.init_std,
+                 self.dtype, name="wo")(h)
+
+
+class EncoderBlock(nn.Module):
+  """One transformer layer composed of injected parts (flaxformer style).
+
+  post-LN (BERT): x = LN(x + drop(attn(x))); x = LN(x + drop(mlp(x))).
+  pre-LN (ModernBERT): x = x + attn(LN(x)); x = x + mlp(LN(x)); the first layer's attention
+  norm may be absent (`attention_norm=False`).
+  """
+  attention: Callable[..., nn.Module]
+  mlp: Callable[..., nn.Module]
+  norm: Callable[..., nn.Module]
+  pre_norm: bool = False
+  attention_norm: bool = True
+  dropout_rate: float = 0.0
+
+  @nn.compact
+  def __call__(self, x, mask, positions=None, bias=None, scale=None, deterministic=True):
+    drop = nn.Dropout(self.dropout_rate)
+    attn = self.attention(name="attention")
+    if self.pre_norm:
+      h = self.norm(name="attention_norm")(x) if self.attention_norm else x
+      x = x + drop(attn(h, mask, positions, bias, scale, deterministic), deterministic)
+      x = x + drop(self.mlp(name="mlp")(self.norm(name="mlp_norm")(x)), deterministic)
+    else:
+      h = attn(x, mask, positions, bias, scale, deterministic)
+      x = self.norm(name="attention_norm")(x + drop(h, deterministic))
+      h = self.mlp(name="mlp")(x)
+      x = self.norm(name="mlp_norm")(x + drop(h, deterministic))
+    return constrain(x, ("act_batch", "act_len", "act_embed"))
+
+
+_REMAT_POLICIES = {
+    "full": None,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+}
+
+
+def remat_block(block_cls, policy: str):
+  """Wraps a block class in nn.remat by policy name ("none" leaves it as is)."""
+  if policy == "none":
+    return block_cls
+  if policy not in _REMAT_POLICIES:
+    raise ValueError(f"unknown remat policy {policy!r}; use none or {sorted(_REMAT_POLICIES)}")
+  return nn.remat(block_cls, policy=_REMAT_POLICIES[policy], static_argnums=(6,))
+
+
+class Encoder(nn.Module):
+  """A stack of blocks: `block(i)` returns the (unbound) block for layer i.
+
+  With `layer_to_param` (ALBERT's sharing) several layers reuse one parameter set:
+  layer i runs block instance `layer_to_param[i]`.
+  """
+  num_layers: int
+  block: Callable[[int], nn.Module]
+  layer_to_param: Optional[Sequence[int]] = None
+
+  @nn.compact
+  def __call__(self, x, mask, positions=None, bias=None, scale=None, deterministic=True):
+    mapping = self.layer_to_param or tuple(range(self.num_layers))
+    blocks = {}
+    for i in range(self.num_layers):
+      j = mapping[i]
+      if j not in blocks:
+        blocks[j] = self.block(j)(name=f"layer_{j}")
+      x = blocks[j](x, mask, positions, bias, scale, deterministic)
+    return x
+
+
+def dtype_from_name(name: str):
+  names = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+  if name not in names:
+    raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(names)}")
+  return names[name]
