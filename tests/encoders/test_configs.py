@@ -1,0 +1,48 @@
+"""Every size variant has exactly the parameter count of the transformers model."""
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers as T
+
+import encoders
+from configs import bert as bert_configs
+from configs import roberta as roberta_configs
+from encoders.hf import bert as bert_hf
+
+
+def _our_count(cfg):
+  model = encoders.build(cfg)
+  shapes = jax.eval_shape(lambda: encoders.init_params(model, jax.random.PRNGKey(0)))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+
+
+def _hf_count(cfg):
+  hf_dict, arch = bert_hf.BertMapping().config_to_hf(cfg)
+  cfg_cls = T.RobertaConfig if hf_dict["model_type"] == "roberta" else T.BertConfig
+  with torch.device("meta"):
+    model = getattr(T, arch)(cfg_cls(**hf_dict))
+  return sum(p.numel() for p in model.parameters())  # tied weights counted once
+
+
+@pytest.mark.parametrize("module,variant",
+                         [(bert_configs, v) for v in bert_configs.VARIANTS] +
+                         [(roberta_configs, v) for v in roberta_configs.VARIANTS])
+def test_parameter_count_matches_transformers(module, variant):
+  cfg = module.get_config(variant).model
+  ours = _our_count(cfg)
+  assert ours == _hf_count(cfg)
+  assert ours > 1e6
+
+
+def test_known_sizes():
+  # Published sizes: BERT-base 110M (with MLM+NSP heads ~110.1M), RoBERTa-large ~355M.
+  assert abs(_our_count(bert_configs.get_config("base").model) - 110.1e6) < 0.2e6
+  assert abs(_our_count(roberta_configs.get_config("large").model) - 355.4e6) < 0.5e6
+
+
+def test_config_arg_errors():
+  with pytest.raises(ValueError, match="huge"):
+    bert_configs.get_config("huge")
+  with pytest.raises(ValueError, match="nonsense"):
+    bert_configs.get_config("tiny,nonsense=1")
