@@ -83,10 +83,14 @@ def base_config():
   c.objective.random_token_prob = 0.1  # 10% random token, the rest unchanged
   c.objective.whole_word = False
   c.objective.nsp_prob = 0.5  # probability the second segment is a random one
+  # >0: the MLM head runs only on (at most) this many masked positions per row (BERT's
+  # max_predictions_per_seq); 0: on every position.
+  c.objective.max_predictions = 0
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "default"  # default | text | tfds
   c.data.files = ""  # glob(s), comma separated, for source=text
+  c.data.text_document = "blank_line"  # source=text: blank_line (BERT format) | file
   c.data.tfds_name = ""
   c.data.tfds_data_dir = ""  # may be gs://... on Cloud TPU
   c.data.train_split = "train"

@@ -1,0 +1,123 @@
+"""Metrics out of a run: a console progress line, a JSONL file a program can read,
+TensorBoard event files, and a PNG plot of the loss curves at the end."""
+import json
+import logging
+import os
+import time
+
+log = logging.getLogger("encoder_zoo")
+
+JSONL = "metrics.jsonl"
+
+
+class MetricWriter:
+
+  def __init__(self, workdir: str, tensorboard: bool = True, is_main: bool = True):
+    self.is_main = is_main
+    self.path = os.path.join(workdir, JSONL)
+    self.tb = None
+    if is_main and tensorboard:
+      from tensorboardX import SummaryWriter
+      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, step: int, split: str, metrics: dict):
+    if not self.is_main:
+      return
+    record = {"step": step, "split": split, "time": time.time(),
+              **{k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+    with open(self.path, "a") as f:
+      f.write(json.dumps(record) + "\n")
+    if self.tb is not None:
+      for k, v in metrics.items():
+        if isinstance(v, (int, float)):
+          self.tb.add_scalar(f"{split}/{k}", v, step)
+      self.tb.flush()
+    log.info("%s", format_line(step, split, metrics))
+
+  def write_json(self, split: str, payload: dict):
+    if not self.is_main:
+      return
+    with open(self.path, "a") as f:
+      f.write(json.dumps({"split": split, "time": time.time(), **payload}) + "\n")
+    log.info("%s: %s", split, json.dumps(payload))
+
+  def close(self):
+    if self.tb is not None:
+      self.tb.close()
+
+
+_SHOWN = ("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "sop_accuracy",
+          "rtd_accuracy", "learning_rate", "tokens_per_s", "mfu", "eta_s")
+
+
+def format_line(step, split, m):
+  parts = [f"[{split}] step {step}"]
+  for k in _SHOWN:
+    if k not in m:
+      continue
+    v = m[k]
+    if k == "eta_s":
+      parts.append(f"eta {int(v) // 60}m{int(v) % 60:02d}s")
+    elif k == "tokens_per_s":
+      parts.append(f"tok/s {v:,.0f}")
+    elif k == "mfu":
+      parts.append(f"mfu {100 * v:.1f}%")
+    elif k == "learning_rate":
+      parts.append(f"lr {v:.2e}")
+    else:
+      parts.append(f"{k} {v:.4f}")
+  return "  ".join(parts)
+
+
+class Progress:
+  """Throughput, MFU and ETA over the steps since the last report."""
+
+  def __init__(self, total_steps, first_step, tokens_per_step, step_flops, peak_flops):
+    self.total, self.last_step = total_steps, first_step
+    self.tokens_per_step, self.step_flops, self.peak = tokens_per_step, step_flops, peak_flops
+    self.last_time = time.perf_counter()
+
+  def update(self, step):
+    now = time.perf_counter()
+    dt = max(now - self.last_time, 1e-9)
+    steps = step - self.last_step
+    self.last_time, self.last_step = now, step
+    sps = steps / dt
+    return {"tokens_per_s": sps * self.tokens_per_step,
+            "mfu": sps * self.step_flops / self.peak if self.peak else 0.0,
+            "steps_per_s": sps, "eta_s": (self.total - step) / max(sps, 1e-9)}
+
+
+def read(workdir):
+  with open(os.path.join(workdir, JSONL)) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def plot(workdir, out_name="loss.png"):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  records = read(workdir)
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  for split, style in (("train", "-"), ("eval", "o-")):
+    rows = [r for r in records if r.get("split") == split]
+    for key in sorted({k for r in rows for k in r if k.endswith("_loss")}):
+      pts = [(r["step"], r[key]) for r in rows if key in r]
+      axes[0].plot(*zip(*pts), style, label=f"{split} {key}")
+    for key in sorted({k for r in rows for k in r if k.endswith("_accuracy")}):
+      pts = [(r["step"], r[key]) for r in rows if key in r]
+      axes[1].plot(*zip(*pts), style, label=f"{split} {key}")
+  base = [r for r in records if r.get("split") == "baseline"]
+  if base:
+    axes[1].axhline(base[-1]["majority_accuracy"], color="gray", ls="--",
+                    label="most frequent token")
+  axes[0].set_title("loss"), axes[1].set_title("accuracy")
+  for ax in axes:
+    ax.set_xlabel("step")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+  fig.tight_layout()
+  path = os.path.join(workdir, out_name)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path

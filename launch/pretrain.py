@@ -1,0 +1,44 @@
+"""Pretraining entry point.
+
+  python -m launch.pretrain --config configs/bert.py:tiny --workdir /tmp/bert_tiny \
+      [--config.train.steps=2000 --config.optimizer.learning_rate=5e-4 ...]
+
+The config is locked: an override of a key that does not exist is an error. A run in a
+workdir that already holds checkpoints resumes from the latest one.
+"""
+import logging
+import os
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "config file[:arg]",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (checkpoints, metrics, export)")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "multi-process: host:port of process 0")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "multi-process: process count")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "multi-process: this process's id")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  del argv
+  import jax
+  if _COORDINATOR.value:
+    jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  elif os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("SLURM_JOB_ID"):
+    jax.distributed.initialize()  # Cloud TPU pods / SLURM: discovered from the environment
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+  for noisy in ("absl", "jax", "orbax", "grain", "etils"):
+    logging.getLogger(noisy).setLevel(logging.WARNING)
+  from launch import train
+  result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  ev = result["eval"]
+  if ev:
+    print("final eval: " + "  ".join(f"{k} {v:.4f}" for k, v in sorted(ev.items())
+                                     if isinstance(v, float)))
+
+
+if __name__ == "__main__":
+  app.run(main)
