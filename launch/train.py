@@ -29,6 +29,7 @@ from launch import sharding as shard_lib
 from objectives import losses
 
 log = logging.getLogger("encoder_zoo")
+EVAL_SEED = 1234  # every evaluation masks the held-out rows identically
 
 
 @flax.struct.dataclass
@@ -112,7 +113,8 @@ def build(config, tokenizer, devices=None) -> Setup:
   batch_sharding = shard_lib.batch_sharding(mesh, rules)
 
   def train_step(state: TrainState, batch):
-    rng = jax.random.fold_in(state.rng, state.step)
+    transform_rng, rng = jax.random.split(jax.random.fold_in(state.rng, state.step))
+    batch = objective.transform(batch, transform_rng)
 
     def micro(params, micro_batch, micro_rng):
       def loss_fn(p):
@@ -140,12 +142,13 @@ def build(config, tokenizer, devices=None) -> Setup:
       grads = jax.tree.map(lambda g: g / accum, grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    sums = dict(sums, grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step))
+    sums = dict(sums, grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step))
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), sums
 
   def eval_step(state: TrainState, batch):
-    # A fixed key: every evaluation masks the held-out rows identically.
-    _, sums = objective.loss(state.params, batch, jax.random.PRNGKey(1234), False)
+    key = jax.random.PRNGKey(EVAL_SEED)
+    batch = objective.transform(batch, key)
+    _, sums = objective.loss(state.params, batch, key, False)
     return sums
 
   train_step = jax.jit(with_rules(train_step), in_shardings=(state_shardings, batch_sharding),
@@ -193,17 +196,11 @@ def majority_baseline(setup: Setup, pipeline, eval_batches) -> Dict[str, float]:
     ids = b["input_ids"][~b["special_tokens_mask"]]
     counts += np.bincount(ids, minlength=counts.size)[:counts.size]
   top = int(counts.argmax())
-  c = setup.config.objective
   hits = total = 0
-  from objectives import masking
   for b in eval_batches:
-    m = masking.mask_tokens(jax.random.split(jax.random.PRNGKey(1234))[0], b["input_ids"],
-                            b["special_tokens_mask"], vocab_size=pipeline.tokenizer.vocab_size,
-                            mask_id=pipeline.tokenizer.mask_id, mask_rate=c.mask_rate,
-                            word_starts=b.get("word_starts"), whole_word=c.whole_word,
-                            max_predictions=c.max_predictions or None)
-    w = np.asarray(m["weights"]) > 0
-    hits += int((np.asarray(m["labels"])[w] == top).sum())
+    m = setup.objective.transform(b, jax.random.PRNGKey(EVAL_SEED))
+    w = np.asarray(m["mlm_weights"]) > 0
+    hits += int((np.asarray(m["mlm_labels"])[w] == top).sum())
     total += int(w.sum())
   return {"majority_token": top, "majority_token_text": pipeline.tokenizer.decode([top]),
           "majority_accuracy": hits / max(total, 1)}
@@ -212,13 +209,30 @@ def majority_baseline(setup: Setup, pipeline, eval_batches) -> Dict[str, float]:
 # ---------------------------------------------------------------------------- the loop
 
 
-def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
-  """Runs (or resumes) a pretraining job in `workdir`; returns the final metrics."""
+class _StopFlag:
+  """Set by SIGTERM (spot/preemptible VMs get one before they go): the loop finishes the
+  current step, saves a checkpoint and returns; rerunning the command resumes."""
+
+  def __init__(self):
+    self.requested = False
+
+  def install(self):
+    import signal
+    import threading
+    if threading.current_thread() is threading.main_thread():
+      signal.signal(signal.SIGTERM, lambda *_: setattr(self, "requested", True))
+
+
+def train_and_evaluate(config, workdir: str, devices=None,
+                       stop_after: Optional[int] = None) -> Dict[str, Any]:
+  """Runs (or resumes) a pretraining job in `workdir` on `devices` (default: all);
+  `stop_after` ends the run early at that step with a checkpoint, as a preemption would.
+  Returns {"state", "eval" (final held-out metrics), "setup", "step"}."""
   os.makedirs(workdir, exist_ok=True)
   config = ml_collections.ConfigDict(config.to_dict())  # a private, unlocked copy
   pipeline = data_lib.make_pipeline(config, workdir)
   adopt_tokenizer(config, pipeline.tokenizer)
-  setup = build(config, pipeline.tokenizer)
+  setup = build(config, pipeline.tokenizer, devices)
   writer = metrics_lib.MetricWriter(workdir, config.logging.tensorboard,
                                     is_main=jax.process_index() == 0)
   if jax.process_index() == 0:
@@ -241,22 +255,30 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
   tokens_per_step = config.data.global_batch * config.data.seq_len
   step_flops = 3 * config.data.global_batch * setup.objective.forward_flops(
       config.data.seq_len)
-  peak = flops_lib.peak_flops(jax.devices()[0], config.model.dtype) * jax.device_count()
+  n_dev = setup.mesh.devices.size
+  first_dev = setup.mesh.devices.flat[0]
+  # CPU "devices" (fake or not) share one machine: its measured matmul rate is the peak.
+  peak = flops_lib.peak_flops(first_dev, config.model.dtype) * (
+      1 if first_dev.platform == "cpu" else n_dev)
   first = int(state.step)
   if first == 0 and jax.process_index() == 0:
-    writer.write_json("run", {"params": n_params, "devices": jax.device_count(),
+    writer.write_json("run", {"params": n_params, "devices": n_dev,
                               "mesh": dict(setup.mesh.shape), "data": pipeline.stats,
                               "peak_flops": peak, "step_flops": step_flops})
     if eval_batches and "mlm" in config.objective.name:
       writer.write_json("baseline", majority_baseline(setup, pipeline, eval_batches))
-  log.info("params %.2fM, %d devices, mesh %s, %d train rows", n_params / 1e6,
-           jax.device_count(), dict(setup.mesh.shape), pipeline.num_train_rows)
+  log.info("params %.2fM, %d devices, mesh %s, %d train rows", n_params / 1e6, n_dev,
+           dict(setup.mesh.shape), pipeline.num_train_rows)
 
   progress = metrics_lib.Progress(config.train.steps, first, tokens_per_step, step_flops, peak)
   pending = {}
   total_steps = config.train.steps
   last_eval = {}
-  for step in range(first + 1, total_steps + 1):
+  stop = _StopFlag()
+  stop.install()
+  last = min(total_steps, stop_after) if stop_after is not None else total_steps
+  step = first
+  for step in range(first + 1, last + 1):
     local = next(train_iter)
     check_batch(config, local)
     state, sums = setup.train_step(state, shard_lib.global_batch(local, setup.batch_sharding))
@@ -272,9 +294,15 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
     if eval_batches and (step % config.train.eval_every == 0 or step == total_steps):
       last_eval = evaluate(setup, state, eval_batches)
       writer.write(step, "eval", last_eval)
-    if step % config.checkpoint.every == 0 or step == total_steps:
+    if step % config.checkpoint.every == 0 or step == last or stop.requested:
       manager.save(step, state, train_iter.get_state())
+    if stop.requested:
+      log.info("stop requested: checkpoint of step %d saved, exiting", step)
+      break
   manager.close()
+  if step < total_steps:
+    writer.close()
+    return {"state": state, "eval": last_eval, "setup": setup, "step": step}
   if jax.process_index() == 0:
     setup.objective.export(jax.device_get(state.params), os.path.join(workdir, "hf"))
     if hasattr(pipeline.tokenizer, "save"):
@@ -282,4 +310,4 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
     if config.logging.plot:
       metrics_lib.plot(workdir)
   writer.close()
-  return {"state": state, "eval": last_eval, "setup": setup}
+  return {"state": state, "eval": last_eval, "setup": setup, "step": step}

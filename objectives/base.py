@@ -27,8 +27,11 @@ class Objective:
 
   - `modules`: name -> Flax module it trains (ELECTRA: generator + discriminator);
   - `init(rng)`: boxed params {name: params} (logical partitioning kept for sharding);
-  - `loss(params, batch, rng, train)`: (scalar loss, dict of metric sums) — the batch
-    transform (e.g. dynamic masking) runs here, on device, from `rng`;
+  - `transform(batch, rng)`: the on-device batch transform (dynamic masking, generator
+    sampling inputs, ...) applied to the whole global batch before any accumulation split,
+    so the result does not depend on how the batch is split;
+  - `loss(params, batch, rng, train)`: (scalar loss, dict of metric sums) on a transformed
+    (micro-)batch; `rng` is for dropout;
   - `forward_flops(seq_len)`: FLOPs of one sequence's forward pass, for MFU;
   - `export(params, path)`: writes what users load elsewhere (an HF directory).
   """
@@ -36,6 +39,9 @@ class Objective:
 
   def init(self, rng) -> Dict:
     raise NotImplementedError
+
+  def transform(self, batch, rng) -> Dict:
+    return batch
 
   def loss(self, params, batch, rng, train: bool) -> Tuple[jax.Array, Dict]:
     raise NotImplementedError

@@ -30,27 +30,33 @@ class MaskedLM(Objective):
     ids = jnp.zeros((1, self.seq_len), jnp.int32)
     return {"encoder": self.model.init(rng, ids)["params"]}
 
-  def loss(self, params, batch, rng, train):
-    mask_rng, dropout_rng = jax.random.split(rng)
+  def transform(self, batch, rng):
+    """Dynamic masking of the whole (global) batch, before any micro-batch split."""
     c = self.cfg
     masked = masking.mask_tokens(
-        mask_rng, batch["input_ids"], batch["special_tokens_mask"], vocab_size=self.vocab_size,
+        rng, batch["input_ids"], batch["special_tokens_mask"], vocab_size=self.vocab_size,
         mask_id=self.mask_id, mask_rate=c.mask_rate, mask_token_prob=c.mask_token_prob,
         random_token_prob=c.random_token_prob, word_starts=batch.get("word_starts"),
         whole_word=c.whole_word, max_predictions=c.max_predictions or None)
+    out = dict(batch, input_ids=masked["input_ids"])
+    if c.max_predictions:
+      out.update(masked_positions=masked["masked_positions"],
+                 mlm_labels=masked["masked_labels"], mlm_weights=masked["masked_weights"])
+    else:
+      out.update(mlm_labels=masked["labels"], mlm_weights=masked["weights"])
+    return out
+
+  def loss(self, params, batch, rng, train):
     out = self.model.apply(
-        {"params": params["encoder"]}, masked["input_ids"],
+        {"params": params["encoder"]}, batch["input_ids"],
         attention_mask=(batch["segment_ids"] > 0).astype(jnp.int32),
         # Positions come from the segment ids (restarting per packed document, with
         # RoBERTa's offset), so the pipeline's position_ids are not needed here.
         token_type_ids=batch["token_type_ids"], segment_ids=batch["segment_ids"],
-        masked_positions=masked.get("masked_positions"), deterministic=not train,
-        rngs={"dropout": dropout_rng})
-    if c.max_predictions:
-      labels, weights = masked["masked_labels"], masked["masked_weights"]
-    else:
-      labels, weights = masked["labels"], masked["weights"]
-    loss, metrics = losses.mlm_loss_and_metrics(out.mlm_logits, labels, weights)
+        masked_positions=batch.get("masked_positions"), deterministic=not train,
+        rngs={"dropout": rng})
+    loss, metrics = losses.mlm_loss_and_metrics(out.mlm_logits, batch["mlm_labels"],
+                                                batch["mlm_weights"])
     if self.nsp:
       nsp_loss, nsp_metrics = losses.nsp_loss_and_metrics(out.nsp_logits,
                                                           batch["next_sentence_label"])

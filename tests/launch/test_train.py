@@ -1,0 +1,231 @@
+"""The trainer end to end on small runs: sharding equivalence on 8 fake CPU devices, exact
+resume, restore onto another mesh, metrics, and export."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import bert as bert_configs
+from configs import roberta as roberta_configs
+from launch import metrics as metrics_lib
+from launch import train
+
+
+def small_config(base=bert_configs, variant="tiny", **overrides):
+  c = base.get_config(variant).unlock()
+  c.model.num_hidden_layers = 2
+  c.model.hidden_size = 64
+  c.model.num_attention_heads = 2
+  c.model.intermediate_size = 128
+  c.tokenizer.vocab_size = 600
+  c.tokenizer.train_sentences = 20_000
+  c.data.max_documents = 80
+  c.data.seq_len = 32
+  c.data.global_batch = 16
+  c.data.eval_fraction = 0.1
+  c.train.steps = 6
+  c.train.log_every = 1
+  c.train.eval_every = 3
+  c.train.eval_batches = 2
+  c.optimizer.warmup_steps = 2
+  c.optimizer.learning_rate = 1e-3
+  c.checkpoint.every = 3
+  c.mesh.shape = (1, 1, 1)
+  c.logging.plot = False
+  for key, value in overrides.items():
+    section, name = key.split("__")
+    c[section][name] = value
+  return c
+
+
+@pytest.fixture(scope="module")
+def tokenizer_cache(tmp_path_factory):
+  """Trains the small sentencepiece model once; runs copy it into their workdirs."""
+  d = tmp_path_factory.mktemp("template")
+  c = small_config()
+  from launch import data as data_lib
+  data_lib.make_pipeline(c, str(d))
+  return d
+
+
+def _workdir(tmp_path, name, cache):
+  wd = tmp_path / name
+  shutil.copytree(cache, wd)
+  return str(wd)
+
+
+def _train_losses(workdir, key="mlm_loss"):
+  return {r["step"]: r[key] for r in metrics_lib.read(workdir)
+          if r.get("split") == "train" and key in r}
+
+
+def _devices(n):
+  return jax.devices()[:n]
+
+
+def test_sharding_layouts_match_one_device(tmp_path, tokenizer_cache):
+  runs = {"one": ((1, 1, 1), 1), "data": ((8, 1, 1), 8), "fsdp": ((1, 8, 1), 8),
+          "tensor": ((4, 1, 2), 8), "mixed": ((2, 2, 2), 8)}
+  losses = {}
+  for name, (shape, n) in runs.items():
+    c = small_config(mesh__shape=shape, train__steps=4, checkpoint__every=100)
+    wd = _workdir(tmp_path, name, tokenizer_cache)
+    train.train_and_evaluate(c, wd, devices=_devices(n))
+    losses[name] = _train_losses(wd)
+    nsp = _train_losses(wd, "nsp_loss")
+    assert len(nsp) == 4
+  ref = losses.pop("one")
+  assert len(ref) == 4 and ref[4] < ref[1]
+  for name, got in losses.items():
+    np.testing.assert_allclose([got[s] for s in sorted(got)], [ref[s] for s in sorted(ref)],
+                               rtol=1e-4, err_msg=name)
+
+
+def test_params_are_really_sharded(tokenizer_cache):
+  from launch import data as data_lib
+  c = small_config(mesh__shape=(2, 2, 2))
+  pipeline = data_lib.make_pipeline(c, str(tokenizer_cache))
+  train.adopt_tokenizer(c, pipeline.tokenizer)
+  setup = train.build(c, pipeline.tokenizer, _devices(8))
+  state = setup.init_state()
+  q = state.params["encoder"]["encoder"]["layer_0"]["attention"]["query"]["kernel"]
+  assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
+  mu = state.opt_state[1][0].mu["encoder"]["encoder"]["layer_0"]["attention"]["query"]["kernel"]
+  assert mu.sharding == q.sharding  # optimizer state follows its parameter
+
+
+def test_resume_is_bitwise_exact(tmp_path, tokenizer_cache):
+  full = _workdir(tmp_path, "full", tokenizer_cache)
+  train.train_and_evaluate(small_config(), full, _devices(1))
+  split = _workdir(tmp_path, "split", tokenizer_cache)
+  out = train.train_and_evaluate(small_config(), split, _devices(1), stop_after=3)
+  assert out["step"] == 3
+  assert not os.path.exists(os.path.join(split, "hf"))  # not finished: nothing exported
+  train.train_and_evaluate(small_config(), split, _devices(1))  # a new call: restores step 3
+  a, b = _train_losses(full), _train_losses(split)
+  assert sorted(a) == sorted(b) == list(range(1, 7))
+  assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]  # bitwise
+  ea = [r for r in metrics_lib.read(full) if r.get("split") == "eval"]
+  eb = [r for r in metrics_lib.read(split) if r.get("split") == "eval"]
+  assert [r["mlm_loss"] for r in ea] == [r["mlm_loss"] for r in eb]
+
+
+def test_restore_onto_another_mesh(tmp_path, tokenizer_cache):
+  ref = _workdir(tmp_path, "ref", tokenizer_cache)
+  train.train_and_evaluate(small_config(), ref, devices=_devices(1))
+  wd = _workdir(tmp_path, "moved", tokenizer_cache)
+  train.train_and_evaluate(small_config(mesh__shape=(8, 1, 1)), wd, devices=_devices(8),
+                           stop_after=3)
+  out = train.train_and_evaluate(small_config(mesh__shape=(1, 4, 2)), wd, devices=_devices(8))
+  q = out["state"].params["encoder"]["encoder"]["layer_0"]["attention"]["query"]["kernel"]
+  assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
+  a, b = _train_losses(ref), _train_losses(wd)
+  np.testing.assert_allclose([b[s] for s in range(1, 7)], [a[s] for s in range(1, 7)],
+                             rtol=1e-4)
+
+
+def test_outputs_metrics_and_export(tmp_path, tokenizer_cache):
+  wd = _workdir(tmp_path, "out", tokenizer_cache)
+  c = small_config(logging__plot=True)
+  out = train.train_and_evaluate(c, wd, _devices(1))
+  records = metrics_lib.read(wd)
+  evals = [r for r in records if r.get("split") == "eval"]
+  assert [r["step"] for r in evals] == [3, 6]
+  for key in ("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy"):
+    assert key in evals[-1]
+  trains = [r for r in records if r.get("split") == "train"]
+  for key in ("tokens_per_s", "mfu", "eta_s", "learning_rate", "grad_norm"):
+    assert key in trains[-1]
+  assert any(r.get("split") == "baseline" for r in records)
+  assert os.path.getsize(os.path.join(wd, "loss.png")) > 1000
+  assert os.listdir(os.path.join(wd, "tensorboard"))
+  # The exported model loads in transformers and gives our logits.
+  import torch
+  import transformers as T
+  hf = T.BertForPreTraining.from_pretrained(os.path.join(wd, "hf")).eval()
+  import encoders
+  model, params = encoders.from_hf(os.path.join(wd, "hf"))
+  ids = np.random.RandomState(0).randint(5, c.tokenizer.vocab_size, (2, 12))
+  with torch.no_grad():
+    ref = hf(torch.tensor(ids)).prediction_logits.numpy()
+  np.testing.assert_allclose(model.apply({"params": params}, jnp.asarray(ids)).mlm_logits, ref,
+                             atol=1e-4)
+  trained = jax.device_get(out["state"].params["encoder"])
+  np.testing.assert_array_equal(params["embeddings"]["word_embeddings"]["embedding"],
+                                trained["embeddings"]["word_embeddings"]["embedding"])
+
+
+def test_roberta_packed_documents_and_grad_accumulation(tmp_path, tokenizer_cache):
+  losses = {}
+  for accum in (1, 2):
+    wd = _workdir(tmp_path, f"acc{accum}", tokenizer_cache)
+    c = small_config(roberta_configs, "base", optimizer__grad_accum_steps=accum,
+                     train__steps=3, model__hidden_dropout_prob=0.0,
+                     model__attention_probs_dropout_prob=0.0)
+    c.model.num_hidden_layers, c.model.hidden_size = 2, 64
+    c.model.num_attention_heads, c.model.intermediate_size = 2, 128
+    train.train_and_evaluate(c, wd, _devices(1))
+    losses[accum] = _train_losses(wd)
+    assert not _train_losses(wd, "nsp_loss")  # RoBERTa: no NSP
+  # Same data, same masks: step 1 is identical; later steps differ only by how the
+  # micro-batch means are weighted.
+  np.testing.assert_allclose(losses[2][1], losses[1][1], rtol=1e-5)
+  np.testing.assert_allclose(losses[2][3], losses[1][3], rtol=2e-2)
+
+
+def test_loss_counts_only_masked_real_tokens(tokenizer_cache):
+  from launch import data as data_lib
+  from objectives import masking
+  c = small_config()
+  pipeline = data_lib.make_pipeline(c, str(tokenizer_cache))
+  train.adopt_tokenizer(c, pipeline.tokenizer)
+  setup = train.build(c, pipeline.tokenizer, _devices(1))
+  state = setup.init_state()
+  batch = next(pipeline.train_iter())
+  assert (batch["segment_ids"] == 0).any()  # the batch has padding
+  rng = jax.random.PRNGKey(7)
+  transformed = setup.objective.transform(batch, rng)
+  loss, sums = setup.objective.loss(state.params, transformed, rng, False)
+  # Recompute by hand from the same masks and the model's logits at every position.
+  m = masking.mask_tokens(rng, batch["input_ids"], batch["special_tokens_mask"],
+                          vocab_size=pipeline.tokenizer.vocab_size,
+                          mask_id=pipeline.tokenizer.mask_id, mask_rate=0.15)
+  w = np.asarray(m["weights"]) > 0
+  assert not (w & batch["special_tokens_mask"]).any()  # never padding or specials
+  assert not (w & (batch["segment_ids"] == 0)).any()
+  assert w.sum() == float(sums["mlm_weight_sum"])
+  logits = setup.objective.model.apply(
+      {"params": state.params["encoder"]}, m["input_ids"],
+      attention_mask=(batch["segment_ids"] > 0).astype(np.int32),
+      token_type_ids=batch["token_type_ids"], segment_ids=batch["segment_ids"]).mlm_logits
+  logp = jax.nn.log_softmax(np.asarray(logits, np.float64), -1)
+  labels = np.asarray(m["labels"])
+  ce = -np.take_along_axis(np.asarray(logp), labels[..., None], -1)[..., 0]
+  np.testing.assert_allclose(float(sums["mlm_loss_sum"]), ce[w].sum(), rtol=1e-4)
+  nsp = float(sums["nsp_weight_sum"])
+  assert nsp == batch["input_ids"].shape[0]
+
+
+def test_bad_token_ids_in_a_batch_are_refused():
+  c = small_config()
+  c.model.vocab_size = 600
+  batch = {"input_ids": np.full((2, 8), 600, np.int32), "token_type_ids": np.zeros((2, 8), int),
+           "segment_ids": np.ones((2, 8), np.int32)}
+  with pytest.raises(ValueError, match="input_ids contains 600"):
+    train.check_batch(c, batch)
+
+
+def test_cli_refuses_unknown_override(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "launch.pretrain", "--config", "configs/bert.py:tiny",
+       "--workdir", str(tmp_path), "--config.model.not_a_field=3"],
+      capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(
+          os.path.dirname(os.path.abspath(__file__)))))
+  assert proc.returncode != 0
+  assert "not_a_field" in proc.stderr
