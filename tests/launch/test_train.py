@@ -229,3 +229,22 @@ def test_cli_refuses_unknown_override(tmp_path):
           os.path.dirname(os.path.abspath(__file__)))))
   assert proc.returncode != 0
   assert "not_a_field" in proc.stderr
+
+
+def test_trains_from_a_local_tfds_dataset(tmp_path, tokenizer_cache):
+  """A TFDS dataset built here (ArrayRecord) trains through the same path a TFDS name
+  from the catalog would take: tfds.data_source(name, data_dir=...)."""
+  from tests.launch.test_data import _build_tiny_tfds
+  data_dir = tmp_path / "tfds"
+  name = _build_tiny_tfds(str(data_dir))
+  c = small_config(data__source="tfds", data__tfds_name=name,
+                   data__tfds_data_dir=str(data_dir), data__eval_split="validation",
+                   data__global_batch=4, data__max_documents=-1, train__steps=3,
+                   tokenizer__kind="sentencepiece",
+                   tokenizer__path=str(tokenizer_cache / "tokenizer" / "spm.model"))
+  wd = str(tmp_path / "run")
+  out = train.train_and_evaluate(c, wd, _devices(1))
+  run = [r for r in metrics_lib.read(wd) if r.get("split") == "run"][0]
+  assert run["data"]["train_documents"] == 30 and run["data"]["eval_documents"] == 4
+  assert sorted(_train_losses(wd)) == [1, 2, 3]
+  assert out["eval"]["mlm_count"] > 0
