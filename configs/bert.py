@@ -30,5 +30,27 @@ def get_config(arg="base"):
   c.model.intermediate_size = 4 * hidden
   c.model.heads = ("mlm", "nsp")
   c.objective.name = "mlm_nsp"
+  c.objective.max_predictions = 20  # BERT's max_predictions_per_seq at length 128
   c.data.packing = "pairs"
+  c.data.seq_len = 128
+  if a.variant == "tiny":
+    # The README's main job: ~10 minutes on a 2-core CPU on the embedded default corpus.
+    c.tokenizer.vocab_size = 8000
+    c.data.global_batch = 32
+    c.optimizer.learning_rate = 1e-3
+    c.optimizer.warmup_steps = 100
+    c.train.steps = 1000
+    c.train.log_every = 50
+    c.train.eval_every = 250
+    c.checkpoint.every = 500
+  else:
+    # Devlin et al.: batch 256, lr 1e-4, 10k warmup steps, 1M steps (90% at length 128).
+    c.tokenizer.vocab_size = 30522
+    c.data.global_batch = 256
+    c.optimizer.learning_rate = 1e-4
+    c.optimizer.warmup_steps = 10_000
+    c.train.steps = 1_000_000
+    c.train.log_every = 100
+    c.train.eval_every = 10_000
+    c.checkpoint.every = 5_000
   return c.lock()

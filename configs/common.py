@@ -64,10 +64,12 @@ def model_defaults():
   m.position_style = "absolute"  # absolute | roberta
   m.initializer_range = 0.02
   m.heads = ("mlm", "nsp")  # subset of: pooler, mlm, nsp
-  m.dtype = "float32"  # compute dtype; params are always float32
-  m.attention_impl = "xla"  # xla (jax.nn.dot_product_attention) | einsum | cudnn | splash
+  m.dtype = "auto"  # compute: auto (bf16 on TPU/GPU, f32 on CPU) | float32 | bfloat16
+  # xla | cudnn (jax.nn.dot_product_attention) | einsum (reference) | splash (Pallas TPU
+  # kernel; sequence length a multiple of 128, attention_probs_dropout_prob = 0)
+  m.attention_impl = "xla"
   m.remat_policy = "none"  # none | full | dots_saveable | dots_with_no_batch_dims_saveable
-  m.scan_layers = False
+  m.scan_layers = False  # nn.scan over layers: params stacked under encoder/layers (L, ...)
   m.vocab_pad_multiple = 1  # >1 pads the embedding table; padded rows are never predicted
   return m
 

@@ -28,6 +28,18 @@ def get_config(arg="base"):
   c.model.position_style = "roberta"
   c.model.heads = ("mlm",)
   c.objective.name = "mlm"
+  c.objective.max_predictions = 80  # 15% of 512, rounded up
   c.data.packing = "documents"
+  c.data.seq_len = 512
+  c.data.global_batch = 8192
+  c.tokenizer.vocab_size = 50265
+  c.tokenizer.model_type = "bpe"
   c.optimizer.b2 = 0.98
+  c.optimizer.learning_rate = 6e-4 if a.variant == "base" else 4e-4
+  c.optimizer.warmup_steps = 24_000 if a.variant == "base" else 30_000
+  c.optimizer.weight_decay = 0.01
+  c.train.steps = 500_000
+  c.train.log_every = 100
+  c.train.eval_every = 10_000
+  c.checkpoint.every = 5_000
   return c.lock()

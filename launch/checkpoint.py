@@ -1,17 +1,41 @@
 """Orbax checkpoints of the train state and the data iterator.
 
-A checkpoint is the sharded TrainState (params, optimizer state, step, RNG) plus the
-Grain iterator state as JSON, so a restart continues the same data stream. Orbax writes
+A checkpoint is the sharded TrainState (params, optimizer state, step, RNG) plus each
+process's data-iterator state (one JSON file per process, through Grain's checkpoint
+handler: on a multi-host job every host reads its own shard of the stream), so a restart
+continues the same data stream. Orbax writes
 each step to a temporary directory and renames it when complete, so an interrupted save
 never leaves a half-written checkpoint that a resume would pick up. Restoring takes the
 target shardings from the abstract state, so a run saved on one mesh layout restores onto
 another.
 """
+import json
 import logging
 
+import grain
 import orbax.checkpoint as ocp
 
 log = logging.getLogger("encoder_zoo")
+
+
+class _IteratorSnapshot:
+  """The iterator state as it was when `save` was called (an async save must not read
+  the live iterator later), in the shape Grain's checkpoint handler writes and reads."""
+
+  def __init__(self, state=None):
+    self.raw = json.dumps(state).encode() if state is not None else b"null"
+
+  def get_state(self) -> bytes:
+    return self.raw
+
+  def set_state(self, raw: bytes):
+    self.raw = raw
+
+  def start_prefetch(self):
+    pass
+
+  def state(self):
+    return json.loads(self.raw.decode())
 
 
 class Manager:
@@ -23,14 +47,16 @@ class Manager:
             max_to_keep=int(ckpt_config.keep),
             enable_async_checkpointing=bool(ckpt_config.use_async),
             create=True),
-        item_names=("state", "data"))
+        item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "data": grain.checkpoint.CheckpointHandler()})
 
   def latest_step(self):
     return self.mngr.latest_step()
 
   def save(self, step: int, state, data_state: dict):
     self.mngr.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)))
+        state=ocp.args.StandardSave(state),
+        data=grain.checkpoint.CheckpointSave(_IteratorSnapshot(data_state))))
 
   def restore_latest(self, abstract_state):
     """-> (state placed on abstract_state's shardings, data iterator state) or None."""
@@ -39,8 +65,9 @@ class Manager:
       return None
     log.info("restoring checkpoint of step %d", step)
     out = self.mngr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-    return out["state"], out["data"]
+        state=ocp.args.StandardRestore(abstract_state),
+        data=grain.checkpoint.CheckpointRestore(_IteratorSnapshot())))
+    return out["state"], out["data"].state()
 
   def wait(self):
     self.mngr.wait_until_finished()

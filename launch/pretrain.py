@@ -26,10 +26,16 @@ def main(argv):
   del argv
   import jax
   if _COORDINATOR.value:
+    # CPU processes (tests, or a CPU cluster) need gloo for cross-process collectives;
+    # the setting is ignored by TPU and GPU backends.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   elif os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("SLURM_JOB_ID"):
     jax.distributed.initialize()  # Cloud TPU pods / SLURM: discovered from the environment
-  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+  from absl import logging as absl_logging
+  absl_logging.set_verbosity(absl_logging.INFO)
+  absl_logging.get_absl_handler().setFormatter(
+      logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
   for noisy in ("absl", "jax", "orbax", "grain", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   from launch import train

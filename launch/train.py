@@ -258,7 +258,7 @@ def train_and_evaluate(config, workdir: str, devices=None,
   n_dev = setup.mesh.devices.size
   first_dev = setup.mesh.devices.flat[0]
   # CPU "devices" (fake or not) share one machine: its measured matmul rate is the peak.
-  peak = flops_lib.peak_flops(first_dev, config.model.dtype) * (
+  peak = flops_lib.peak_flops(first_dev, setup.objective.model.config.dtype) * (
       1 if first_dev.platform == "cpu" else n_dev)
   first = int(state.step)
   if first == 0 and jax.process_index() == 0:
@@ -271,7 +271,7 @@ def train_and_evaluate(config, workdir: str, devices=None,
            dict(setup.mesh.shape), pipeline.num_train_rows)
 
   progress = metrics_lib.Progress(config.train.steps, first, tokens_per_step, step_flops, peak)
-  pending = {}
+  pending = []
   total_steps = config.train.steps
   last_eval = {}
   stop = _StopFlag()
@@ -282,15 +282,17 @@ def train_and_evaluate(config, workdir: str, devices=None,
     local = next(train_iter)
     check_batch(config, local)
     state, sums = setup.train_step(state, shard_lib.global_batch(local, setup.batch_sharding))
-    pending = losses.add_metrics(pending, sums) if pending else dict(sums)
+    pending.append(sums)  # device arrays; fetched only when logging (no per-step sync)
     if step % config.train.log_every == 0 or step == total_steps:
-      host = jax.device_get(pending)
+      host = {}
+      for s in jax.device_get(pending):
+        host = losses.add_metrics(host, s)
       n = step - progress.last_step
       lr, gnorm = float(host.pop("learning_rate")) / n, float(host.pop("grad_norm")) / n
       train_metrics = losses.finalize_metrics({k: float(v) for k, v in host.items()})
       train_metrics.update(learning_rate=lr, grad_norm=gnorm, **progress.update(step))
       writer.write(step, "train", train_metrics)
-      pending = {}
+      pending = []
     if eval_batches and (step % config.train.eval_every == 0 or step == total_steps):
       last_eval = evaluate(setup, state, eval_batches)
       writer.write(step, "eval", last_eval)
@@ -303,8 +305,10 @@ def train_and_evaluate(config, workdir: str, devices=None,
   if step < total_steps:
     writer.close()
     return {"state": state, "eval": last_eval, "setup": setup, "step": step}
+  from jax.experimental import multihost_utils
+  host_params = multihost_utils.process_allgather(state.params, tiled=True)  # all processes
   if jax.process_index() == 0:
-    setup.objective.export(jax.device_get(state.params), os.path.join(workdir, "hf"))
+    setup.objective.export(host_params, os.path.join(workdir, "hf"))
     if hasattr(pipeline.tokenizer, "save"):
       pipeline.tokenizer.save(os.path.join(workdir, "hf"))
     if config.logging.plot:

@@ -1,0 +1,60 @@
+"""Two JAX processes on this machine (jax.distributed over 127.0.0.1, gloo collectives)
+run the real entry point: per-process data shards, one global batch, a shared checkpoint,
+and a resume."""
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from launch import metrics as metrics_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OVERRIDES = ["--config.model.num_hidden_layers=1", "--config.model.hidden_size=32",
+             "--config.model.num_attention_heads=2", "--config.model.intermediate_size=64",
+             "--config.tokenizer.vocab_size=500", "--config.tokenizer.train_sentences=10000",
+             "--config.data.max_documents=60", "--config.data.seq_len=32",
+             "--config.data.global_batch=8", "--config.optimizer.warmup_steps=1",
+             "--config.train.log_every=1", "--config.train.eval_every=4",
+             "--config.train.eval_batches=1", "--config.checkpoint.every=2",
+             "--config.logging.plot=False"]
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _run(workdir, steps):
+  port = _free_port()
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device each
+  # Output goes to files: with pipes read one after the other, a full pipe would block
+  # one process inside a collective and deadlock the other.
+  logs = [open(f"{workdir}.{steps}.{i}.log", "w+") for i in range(2)]
+  procs = [subprocess.Popen(
+      [sys.executable, "-m", "launch.pretrain", "--config", "configs/bert.py:tiny",
+       "--workdir", workdir, f"--config.train.steps={steps}", *OVERRIDES,
+       "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
+       "--process_id", str(i)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+      for i, log in enumerate(logs)]
+  for p, log in zip(procs, logs):
+    p.wait(timeout=300)
+    log.seek(0)
+    assert p.returncode == 0, log.read()[-3000:]
+    log.close()
+
+
+@pytest.mark.slow
+def test_two_processes_train_checkpoint_and_resume(tmp_path):
+  wd = str(tmp_path / "run")
+  _run(wd, 4)
+  records = metrics_lib.read(wd)  # written by process 0 only
+  run = [r for r in records if r.get("split") == "run"][0]
+  assert run["devices"] == 2 and run["mesh"] == {"data": 2, "fsdp": 1, "tensor": 1}
+  assert sorted(r["step"] for r in records if r.get("split") == "train") == [1, 2, 3, 4]
+  _run(wd, 6)  # resumes from step 4
+  steps = [r["step"] for r in metrics_lib.read(wd) if r.get("split") == "train"]
+  assert steps == [1, 2, 3, 4, 5, 6]
+  assert os.path.isfile(os.path.join(wd, "hf", "model.safetensors"))
