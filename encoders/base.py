@@ -42,7 +42,11 @@ def build(model_config):
   family = model_config.get("family", "bert")
   if family not in _FAMILIES:
     raise ValueError(f"unknown model family {family!r}; available: {sorted(_FAMILIES)}")
-  cfg = ml_collections.FrozenConfigDict(model_config)
+  cfg = ml_collections.ConfigDict(model_config.to_dict() if hasattr(model_config, "to_dict")
+                                  else dict(model_config))
+  if cfg.get("dtype") == "auto":  # bf16 compute on TPU/GPU, f32 on the CPU
+    cfg.dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
+  cfg = ml_collections.FrozenConfigDict(cfg)
   return _FAMILIES[family](config=cfg)
 
 

@@ -43,7 +43,8 @@ class Bert(nn.Module):
     block_cls = layers.remat_block(layers.EncoderBlock, c.remat_policy)
     block = lambda i: functools.partial(block_cls, attention, mlp, norm,
                                         dropout_rate=c.hidden_dropout_prob)
-    self.encoder = layers.Encoder(c.num_hidden_layers, block)
+    self.encoder = layers.Encoder(c.num_hidden_layers, block,
+                                  scan=c.get("scan_layers", False))
     if "pooler" in c.heads or "nsp" in c.heads:
       self.pooler = heads.Pooler(c.hidden_size, std, dtype)
     if "mlm" in c.heads:
@@ -73,7 +74,10 @@ class Bert(nn.Module):
       else:
         position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
     x = self.embeddings(input_ids, position_ids, token_type_ids, deterministic)
-    mask = layers.make_attention_mask(attention_mask, segment_ids)
+    if c.attention_impl == "splash":  # segment ids straight to the kernel, no (T,T) mask
+      mask = layers.segment_mask(attention_mask, segment_ids)
+    else:
+      mask = layers.make_attention_mask(attention_mask, segment_ids)
     x = self.encoder(x, mask, None, None, None, deterministic)
     out = {"last_hidden_state": x}
     if "pooler" in c.heads or "nsp" in c.heads:

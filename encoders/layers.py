@@ -11,6 +11,7 @@ import math
 from typing import Any, Callable, Optional, Sequence
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -184,6 +185,80 @@ def make_attention_mask(attention_mask: Array, segment_ids: Optional[Array] = No
   return mask | (empty & jnp.eye(attention_mask.shape[-1], dtype=bool)[None, None])
 
 
+@flax.struct.dataclass
+class SegmentMask:
+  """The attention mask as (B,T) int segment ids: a query attends the keys of its own
+  segment; 0 marks padding. The splash path consumes this form directly (the kernel skips
+  whole blocks across documents and never builds a (T,T) mask); the dense paths expand it
+  with `dense()`. Passed wherever a (B,1,T,T) bool mask may be."""
+  segment_ids: Array
+
+  def dense(self) -> Array:
+    seg = self.segment_ids
+    return make_attention_mask((seg > 0).astype(jnp.int32), seg)
+
+
+def segment_mask(attention_mask: Array, segment_ids: Optional[Array] = None) -> SegmentMask:
+  """(B,T) padding mask [+ (B,T) segment ids of packed rows] -> SegmentMask."""
+  valid = attention_mask.astype(jnp.int32) > 0
+  seg = valid.astype(jnp.int32) if segment_ids is None else jnp.where(valid, segment_ids, 0)
+  return SegmentMask(seg.astype(jnp.int32))
+
+
+SPLASH_BLOCKS = (512, 256, 128)
+
+
+def splash_attention(q: Array, k: Array, v: Array, segment_ids: Array,
+                     scale: Optional[float] = None, interpret: bool = False) -> Array:
+  """Pallas Splash attention (TPU): q,k,v (B,T,H,K), segment_ids (B,T) -> (B,T,H,K).
+
+  Full bidirectional attention restricted to equal segment ids, so packed documents never
+  see each other and padding (id 0) is never attended by a real token; blocks with no
+  allowed pair are skipped. T must be a multiple of 128. Under a mesh context
+  (`jax.set_mesh`) the kernel runs per shard through shard_map, with the batch and head
+  dims split as the logical rules place `act_batch` and `act_heads`; without one it runs
+  as one call. `interpret=True` runs the kernel in the Pallas interpreter (any backend;
+  tests on the CPU).
+  """
+  from jax.experimental.pallas.ops.tpu import splash_attention as sa
+  b, t, h, d = q.shape
+  if t % 128:
+    raise ValueError(f"splash attention needs a sequence length that is a multiple of 128, "
+                     f"got {t}; pad the batch or use attention_impl='xla'")
+  scale = 1.0 / math.sqrt(d) if scale is None else scale
+  q = q * jnp.asarray(scale, q.dtype)
+  block = next(s for s in SPLASH_BLOCKS if t % s == 0)
+  sizes = sa.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                        block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                        use_fused_bwd_kernel=True)
+
+  def local(q, k, v, seg):
+    heads = q.shape[2]
+    mask = sa.MultiHeadMask([sa.FullMask((t, t))] * heads)
+    kernel = sa.make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes,
+                                interpret=interpret)
+
+    def one(q, k, v, s):  # (T,H,K) -> the kernel's (H,T,K)
+      out = kernel(q.swapaxes(0, 1), k.swapaxes(0, 1), v.swapaxes(0, 1), sa.SegmentIds(s, s))
+      return out.swapaxes(0, 1)
+
+    return jax.vmap(one)(q, k, v, seg)
+
+  segment_ids = segment_ids.astype(jnp.int32)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return local(q, k, v, segment_ids)
+  spec = nn.logical_to_mesh_axes(("act_batch", "act_len", "act_heads", "act_kv"))
+  spec = tuple(spec) + (None,) * (4 - len(tuple(spec)))
+  if spec[1] is not None or spec[3] is not None:
+    raise ValueError("splash attention shards only the batch and head dims; the rules map "
+                     f"act_len/act_kv to {spec[1]}/{spec[3]}")
+  qkv = jax.sharding.PartitionSpec(*spec)
+  seg = jax.sharding.PartitionSpec(spec[0], None)
+  return jax.shard_map(local, mesh=mesh, in_specs=(qkv, qkv, qkv, seg), out_specs=qkv,
+                       check_vma=False)(q, k, v, segment_ids)
+
+
 def rotary(x: Array, positions: Array, theta: float) -> Array:
   """Rotary position embedding (half-split layout, as HF/ModernBERT): x (B,T,H,K)."""
   k = x.shape[-1]
@@ -217,8 +292,10 @@ class MultiHeadAttention(nn.Module):
   computed by the family from `project` outputs and passed here, with `scale`);
   `rope_theta` applies rotary q/k at `positions`; the mask carries padding, segments and
   any local window. impl: "xla"/"cudnn" (jax.nn.dot_product_attention), "einsum"
-  (the reference every path is tested against). Attention-probability dropout in training
-  needs the probabilities, so it always takes the einsum path.
+  (the reference every path is tested against), "splash" (the Pallas TPU kernel; takes
+  the mask as a `SegmentMask`). `mask` is a (B,1|H,T,T) bool array or a `SegmentMask`.
+  Attention-probability dropout in training needs the probabilities, so the dense paths
+  then take the einsum path; splash refuses it (set attention_probs_dropout_prob=0).
   """
   num_heads: int
   head_dim: int
@@ -248,6 +325,20 @@ class MultiHeadAttention(nn.Module):
     if self.rope_theta is not None:
       q, k = rotary(q, positions, self.rope_theta), rotary(k, positions, self.rope_theta)
     use_dropout = not deterministic and self.dropout_rate > 0.0
+    if self.impl == "splash":
+      if use_dropout:
+        raise ValueError("attention_impl='splash' has no attention-probability dropout; set "
+                         "attention_probs_dropout_prob=0 (or use attention_impl='xla')")
+      if bias is not None:
+        raise ValueError("attention_impl='splash' takes no additive score bias")
+      if not isinstance(mask, SegmentMask):
+        raise ValueError("attention_impl='splash' needs the mask as a layers.SegmentMask "
+                         "(segment ids), not a dense (T,T) mask")
+      ctx = splash_attention(q, k, v, mask.segment_ids, scale)
+      ctx = constrain(ctx, ("act_batch", "act_len", "act_heads", "act_kv"))
+      return self.out(ctx)
+    if isinstance(mask, SegmentMask):
+      mask = mask.dense()
     if self.impl == "einsum" or use_dropout or (bias is not None and scale is not None):
       dropout_fn = (lambda p: self.attn_dropout(p, deterministic=False)) if use_dropout else None
       ctx = attention_scores_einsum(q, k, v, mask, bias, scale, dropout_fn)
@@ -256,7 +347,8 @@ class MultiHeadAttention(nn.Module):
           q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
           scale=scale, implementation=self.impl)
     else:
-      raise ValueError(f"unknown attention impl {self.impl!r}; use xla, cudnn or einsum")
+      raise ValueError(f"unknown attention impl {self.impl!r}; use xla, cudnn, einsum or "
+                       "splash")
     ctx = constrain(ctx, ("act_batch", "act_len", "act_heads", "act_kv"))
     return self.out(ctx)
 
@@ -338,13 +430,35 @@ class Encoder(nn.Module):
 
   With `layer_to_param` (ALBERT's sharing) several layers reuse one parameter set:
   layer i runs block instance `layer_to_param[i]`.
+
+  With `scan=True` the layers run as one `nn.scan` over a single block whose params carry
+  a leading `layers` axis (one compiled layer body instead of L copies: faster compiles,
+  and with remat the activation memory of one layer). Params then live under
+  `layers/...` with shape (L, ...) instead of `layer_0/...`, `layer_1/...`;
+  `stack_layer_params` / `unstack_layer_params` convert between the two layouts (the HF
+  import/export does so). Every layer must then have the same block (`block(0)`).
   """
   num_layers: int
   block: Callable[[int], nn.Module]
   layer_to_param: Optional[Sequence[int]] = None
+  scan: bool = False
 
   @nn.compact
   def __call__(self, x, mask, positions=None, bias=None, scale=None, deterministic=True):
+    if self.scan:
+      if self.layer_to_param is not None:
+        raise ValueError("scan over layers does not combine with layer sharing "
+                         "(layer_to_param)")
+
+      def body(block, carry, mask, positions, bias, scale):
+        return block(carry, mask, positions, bias, scale, deterministic), None
+
+      scanned = nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True,
+                                                                        "dropout": True},
+                        in_axes=(nn.broadcast,) * 4, length=self.num_layers,
+                        metadata_params={nn.PARTITION_NAME: "layers"})
+      x, _ = scanned(self.block(0)(name=SCANNED_LAYERS), x, mask, positions, bias, scale)
+      return x
     mapping = self.layer_to_param or tuple(range(self.num_layers))
     blocks = {}
     for i in range(self.num_layers):
@@ -353,6 +467,43 @@ class Encoder(nn.Module):
         blocks[j] = self.block(j)(name=f"layer_{j}")
       x = blocks[j](x, mask, positions, bias, scale, deterministic)
     return x
+
+
+SCANNED_LAYERS = "layers"
+
+
+def stack_layer_params(tree: dict, num_layers: int) -> dict:
+  """Per-layer params {"layer_0": t0, ..., "layer_{L-1}": t} (anywhere in the tree) ->
+  {"layers": stacked} with a leading (L,) axis: the layout of `Encoder(scan=True)`."""
+  import numpy as np
+  out = {}
+  names = [f"layer_{i}" for i in range(num_layers)]
+  if all(n in tree for n in names) and isinstance(tree[names[0]], dict):
+    per = [tree[n] for n in names]
+    out[SCANNED_LAYERS] = jax.tree.map(
+        lambda *xs: (jnp.stack(xs) if isinstance(xs[0], jax.Array) else np.stack(xs)), *per)
+    for k, v in tree.items():
+      if k not in names:
+        out[k] = v
+    return out
+  for k, v in tree.items():
+    out[k] = stack_layer_params(v, num_layers) if isinstance(v, dict) else v
+  return out
+
+
+def unstack_layer_params(tree: dict) -> dict:
+  """The inverse of `stack_layer_params`: {"layers": stacked} -> {"layer_i": ...}."""
+  out = {}
+  for k, v in tree.items():
+    if k == SCANNED_LAYERS and isinstance(v, dict):
+      n = jax.tree.leaves(v)[0].shape[0]
+      for i in range(n):
+        out[f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], v)
+    elif isinstance(v, dict):
+      out[k] = unstack_layer_params(v)
+    else:
+      out[k] = v
+  return out
 
 
 def dtype_from_name(name: str):

@@ -1,15 +1,25 @@
 """Exact FLOP counts of the encoders (2 FLOPs per multiply-add), used for MFU.
 
-Counted, per sequence of length T for a BERT-style model with hidden D, L layers, H heads,
-MLP width F, vocabulary V:
+Counted, per sequence of length T for a BERT-style model (BERT, RoBERTa) with hidden D,
+L layers, H heads, MLP width F, vocabulary V:
   per layer: q,k,v,out projections 4 * 2*T*D*D; scores Q K^T 2*T*T*D and probs @ V
-  2*T*T*D (full bidirectional T x T attention, no causal halving); MLP 2*T*D*F*(2, or 3
-  when gated: two input maps plus the output map).
+  2*T*T*D (full bidirectional T x T attention, no causal halving, and no discount for the
+  blocks a packed row's segment mask lets a kernel skip); MLP 2*T*D*F*(2, or 3 when gated:
+  two input maps plus the output map).
   embeddings' factorized projection (E != D) 2*T*E*D when present.
   pooler 2*D*D (+ NSP 2*D*2) once per sequence.
-  MLM head over the P positions it is computed on: transform 2*P*D*D + decoder 2*P*D*V.
+  MLM head over the P positions it is computed on: transform 2*P*D*E + decoder 2*P*E*V.
+  P = T for a plain forward pass (and for transformers, which always decodes every
+  position); P = objective.max_predictions when the head runs on gathered masked positions.
+  V is the real vocabulary: rows added by vocab_pad_multiple are computed but not counted
+  (they are not model work), so padding can only lower the reported MFU.
 Backward = 2 x forward (grads w.r.t. activations and weights), so a train step is 3x.
-Element-wise work (softmax, norms, GELU) is not counted, as usual for MFU.
+Recomputation under remat is not counted (this is MFU, not hardware FLOP utilisation).
+Element-wise work (softmax, norms, GELU, embedding gathers, the optimizer) is not
+counted, as usual for MFU.
+
+Peak: a TPU/GPU chip's published dense bf16 FLOP/s (table below); on the CPU the
+measured FLOP/s of a large dense matmul in the compute dtype (`measure_cpu_matmul_flops`).
 """
 
 
@@ -47,31 +57,41 @@ PEAK_BF16 = {
 _CPU_PEAK = {}
 
 
-def measure_cpu_matmul_flops(n: int = 1024, dtype="float32", repeats: int = 5) -> float:
-  """Measured dense-matmul FLOP/s of this CPU (best of `repeats`), the CPU's "peak"."""
+def measure_cpu_matmul_flops(sizes=(1024, 2048), dtype="float32", repeats: int = 3) -> float:
+  """Measured dense-matmul FLOP/s of this CPU: the best over square matmuls of `sizes`
+  (jitted, all cores, `repeats` timings each) — the CPU's "peak". Cached per process."""
   import time
   import jax
   import jax.numpy as jnp
-  key = (n, dtype)
+  if isinstance(sizes, int):
+    sizes = (sizes,)
+  key = (tuple(sizes), str(dtype))
   if key not in _CPU_PEAK:
-    a = jnp.ones((n, n), dtype)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-      t = time.perf_counter()
-      f(a).block_until_ready()
-      best = min(best, time.perf_counter() - t)
-    _CPU_PEAK[key] = 2 * n ** 3 / best
+    best_rate = 0.0
+    f = jax.jit(lambda x, y: x @ y)
+    for n in sizes:
+      a = jnp.ones((n, n), dtype)
+      b = jnp.full((n, n), 0.5, dtype)
+      f(a, b).block_until_ready()
+      for _ in range(repeats):
+        t = time.perf_counter()
+        f(a, b).block_until_ready()
+        best_rate = max(best_rate, 2 * n ** 3 / (time.perf_counter() - t))
+    _CPU_PEAK[key] = best_rate
   return _CPU_PEAK[key]
 
 
-def peak_flops(device, dtype: str = "float32") -> float:
-  """Peak FLOP/s of one device: the published bf16 peak for TPU/GPU, measured on CPU."""
-  if device.platform == "cpu":
-    return measure_cpu_matmul_flops(dtype="float32")
-  kind = getattr(device, "device_kind", "")
+def chip_peak_flops(device_kind: str) -> float:
+  """Published dense bf16 peak of a TPU/GPU chip by `device_kind`; 0.0 when unknown."""
   for name, value in sorted(PEAK_BF16.items(), key=lambda kv: -len(kv[0])):
-    if kind.startswith(name) or name in kind:
+    if device_kind.startswith(name) or name in device_kind:
       return value
   return 0.0
+
+
+def peak_flops(device, dtype: str = "float32") -> float:
+  """Peak FLOP/s of one device: the published bf16 peak for TPU/GPU, measured on CPU (in
+  the compute dtype)."""
+  if device.platform == "cpu":
+    return measure_cpu_matmul_flops(dtype=dtype)
+  return chip_peak_flops(getattr(device, "device_kind", ""))

@@ -72,16 +72,10 @@ def build(config, tokenizer, devices=None) -> Setup:
     raise ValueError(f"data.global_batch={config.data.global_batch} must divide into "
                      f"grad_accum_steps={accum} micro-batches on every process")
 
-  def init_fn(rng):
-    params = objective.init(rng)
-    # Boxes (logical axis names) pass through optax's tree maps, so the optimizer state
-    # carries them too; they are stripped after the shardings are read off.
-    return params
-
   seed_key = jax.random.PRNGKey(config.train.seed)
   init_key, train_key = jax.random.split(seed_key)
   with nn.logical_axis_rules(rules):
-    boxed = jax.eval_shape(init_fn, init_key)
+    boxed = jax.eval_shape(objective.init, init_key)  # params boxed with logical axis names
   param_shardings = shard_lib.logical_shardings(boxed, mesh, rules)
   abstract_params = nn.unbox(boxed)
   abstract_opt = jax.eval_shape(tx.init, abstract_params)
@@ -92,7 +86,7 @@ def build(config, tokenizer, devices=None) -> Setup:
                                opt_state=opt_shardings, rng=replicated)
 
   def make_state():
-    params = nn.unbox(init_fn(init_key))
+    params = nn.unbox(objective.init(init_key))
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                       opt_state=tx.init(params), rng=train_key)
 

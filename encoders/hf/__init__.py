@@ -16,6 +16,8 @@ import jax
 import ml_collections
 import numpy as np
 
+from encoders import base, layers
+
 # HF config keys that describe the checkpoint or the generic PreTrainedModel machinery and
 # never change the encoder's numbers.
 GENERIC_KEYS = frozenset({
@@ -35,12 +37,18 @@ GENERIC_KEYS = frozenset({
 class Rule:
   """One tensor: our param path ("a/b/kernel"), its HF key (without the base-model prefix
   when `base` is True), and how to convert: "linear" (HF (out, in) -> our kernel, reshaped;
-  `n_in` leading kernel dims are inputs), "embedding" / "vector" (same layout)."""
+  `n_in` leading kernel dims are inputs), "embedding" / "vector" (same layout).
+  `vocab`: the leading dim is the vocabulary, which our model may pad to a multiple of
+  `vocab_pad_multiple` (zero rows appended on import, cut off again on export).
+
+  Paths name layers unscanned ("encoder/layer_3/..."); with `scan_layers` the per-layer
+  tensors are stacked into the scanned layout after import and unstacked before export."""
   ours: str
   hf: str
   kind: str = "vector"
   n_in: int = 1
   base: bool = True
+  vocab: bool = False
 
 
 class Mapping:
@@ -200,7 +208,13 @@ def from_hf(path: str, heads: Optional[Sequence[str]] = None, **overrides):
     raise ValueError(f"{path}: unexpected tensors not used by {arch} in encoder-zoo: "
                      f"{', '.join(unexpected[:20])}")
   model = encoders.build(cfg)
-  _check_shapes(model, params, path)
+  if cfg.get("scan_layers", False):
+    flat_cfg = ml_collections.ConfigDict(cfg.to_dict())
+    flat_cfg.scan_layers = False
+    _check_shapes(encoders.build(flat_cfg), params, path)
+    params = layers.stack_layer_params(params, cfg.num_hidden_layers)
+  else:
+    _check_shapes(model, params, path)
   return model, params
 
 
@@ -210,6 +224,11 @@ def _ignorable(key: str) -> bool:
 
 
 def _to_ours(rule: Rule, value: np.ndarray, cfg):
+  if rule.vocab:
+    rows = base.padded_vocab_size(cfg)
+    if value.shape[0] == cfg.vocab_size and rows > cfg.vocab_size:
+      pad = np.zeros((rows - cfg.vocab_size,) + value.shape[1:], value.dtype)
+      value = np.concatenate([value, pad], axis=0)
   if rule.kind == "linear":
     return np.ascontiguousarray(value.T)  # (in, out); reshaped by _check_shapes
   return value
@@ -263,9 +282,13 @@ def to_hf(model, params, path: str, architecture: Optional[str] = None):
     arch = architecture
   prefix, _ = mapping.architectures[arch]
   hf["architectures"] = [arch]
+  if cfg.get("scan_layers", False):
+    params = layers.unstack_layer_params(params)
   tensors = {}
   for rule in mapping.rules(cfg):
     value = np.asarray(jax.device_get(_get(params, rule.ours)), dtype=np.float32)
+    if rule.vocab:
+      value = value[:cfg.vocab_size]  # padding rows exist only in our table
     if rule.kind == "linear":
       value = value.reshape(int(np.prod(value.shape[:rule.n_in])), -1).T
     elif rule.kind == "vector":

@@ -64,7 +64,8 @@ class BertMapping(Mapping):
 
   def rules(self, cfg):
     roberta = cfg.position_style == "roberta"
-    r = [Rule("embeddings/word_embeddings/embedding", "embeddings.word_embeddings.weight", "embedding"),
+    r = [Rule("embeddings/word_embeddings/embedding", "embeddings.word_embeddings.weight",
+              "embedding", vocab=True),
          Rule("embeddings/position_embeddings/embedding",
               "embeddings.position_embeddings.weight", "embedding"),
          Rule("embeddings/token_type_embeddings/embedding",
@@ -98,14 +99,14 @@ class BertMapping(Mapping):
               Rule("mlm/transform/bias", "lm_head.dense.bias", base=False),
               Rule("mlm/norm/scale", "lm_head.layer_norm.weight", base=False),
               Rule("mlm/norm/bias", "lm_head.layer_norm.bias", base=False),
-              Rule("mlm/bias", "lm_head.bias", base=False)]
+              Rule("mlm/bias", "lm_head.bias", base=False, vocab=True)]
       else:
         p = "cls.predictions"
         r += [Rule("mlm/transform/kernel", f"{p}.transform.dense.weight", "linear", base=False),
               Rule("mlm/transform/bias", f"{p}.transform.dense.bias", base=False),
               Rule("mlm/norm/scale", f"{p}.transform.LayerNorm.weight", base=False),
               Rule("mlm/norm/bias", f"{p}.transform.LayerNorm.bias", base=False),
-              Rule("mlm/bias", f"{p}.bias", base=False)]
+              Rule("mlm/bias", f"{p}.bias", base=False, vocab=True)]
     if "nsp" in heads:
       r += [Rule("nsp/dense/kernel", "cls.seq_relationship.weight", "linear", base=False),
             Rule("nsp/dense/bias", "cls.seq_relationship.bias", base=False)]
