@@ -222,6 +222,8 @@ def train_and_evaluate(config, workdir: str, devices=None,
   """Runs (or resumes) a pretraining job in `workdir` on `devices` (default: all);
   `stop_after` ends the run early at that step with a checkpoint, as a preemption would.
   Returns {"state", "eval" (final held-out metrics), "setup", "step"}."""
+  if "://" not in workdir:  # Orbax needs absolute local paths; gs:// paths pass through
+    workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
   config = ml_collections.ConfigDict(config.to_dict())  # a private, unlocked copy
   pipeline = data_lib.make_pipeline(config, workdir)
