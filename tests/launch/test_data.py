@@ -1,4 +1,5 @@
 """Tests of the default corpus, the tokenizers and the pretraining input pipeline."""
+import functools
 import collections
 import json
 
@@ -436,7 +437,9 @@ def test_text_source(tmp_path, spm_path):
       assert word in text
 
 
-def _build_tiny_tfds(data_dir):
+@functools.cache
+def _tiny_tfds_builder_class():
+  """Defined once per process: TFDS refuses to register a dataset name twice."""
   import tensorflow_datasets as tfds
 
   class EncoderZooTinyText(tfds.core.GeneratorBasedBuilder):
@@ -460,6 +463,11 @@ def _build_tiny_tfds(data_dir):
         yield i, {"id": i, "text": f"Document {i} of the tiny set.\n"
                                    f"It says that {i} plus one is {i + 1}."}
 
+  return EncoderZooTinyText
+
+
+def _build_tiny_tfds(data_dir):
+  EncoderZooTinyText = _tiny_tfds_builder_class()
   builder = EncoderZooTinyText(data_dir=data_dir, file_format="array_record")
   builder.download_and_prepare()
   return builder.name

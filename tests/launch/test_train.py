@@ -24,6 +24,7 @@ def small_config(base=bert_configs, variant="tiny", **overrides):
   c.model.num_attention_heads = 2
   c.model.intermediate_size = 128
   c.tokenizer.vocab_size = 600
+  c.tokenizer.model_type = "unigram"  # every run shares the one cached tokenizer
   c.tokenizer.train_sentences = 20_000
   c.data.max_documents = 80
   c.data.seq_len = 32
