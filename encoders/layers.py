@@ -18,8 +18,14 @@ import jax.numpy as jnp
 Array = jax.Array
 Dtype = Any
 
+def gelu_erf(x: Array) -> Array:
+  """Exact GELU, x * Phi(x), written with erf as BERT and torch do. `jax.nn.gelu`'s exact
+  form goes through erfc, which XLA's CPU backend evaluates ~2.5x slower."""
+  return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(1 / math.sqrt(2.0), x.dtype)))
+
+
 _ACTIVATIONS = {
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu": gelu_erf,
     "gelu_new": functools.partial(jax.nn.gelu, approximate=True),
     "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
     "gelu_fast": functools.partial(jax.nn.gelu, approximate=True),
@@ -101,6 +107,70 @@ class LayerNorm(nn.Module):
     return y.astype(self.dtype)
 
 
+def _rotl(x: Array, r: int) -> Array:
+  return (x << jnp.uint32(r)) | (x >> jnp.uint32(32 - r))
+
+
+def threefry2x32(k0: Array, k1: Array, x0: Array, x1: Array):
+  """The Threefry-2x32 block cipher (20 rounds), the same function as JAX's default PRNG
+  (`jax.extend.random.threefry_2x32`), written as plain elementwise ops. JAX lowers its
+  own for the CPU as a 5-step while loop (5 passes over memory); written out like this,
+  XLA fuses the whole cipher, and what consumes its bits, into one loop."""
+  rotations = ((13, 15, 26, 6), (17, 29, 16, 24))
+  ks = (k0, k1, k0 ^ k1 ^ jnp.uint32(0x1BD11BDA))
+  x0, x1 = x0 + ks[0], x1 + ks[1]
+  for i in range(5):
+    for r in rotations[i % 2]:
+      x0 = x0 + x1
+      x1 = _rotl(x1, r) ^ x0
+    x0 = x0 + ks[(i + 1) % 3]
+    x1 = x1 + ks[(i + 2) % 3] + jnp.uint32(i + 1)
+  return x0, x1
+
+
+def random_bits(key: Array, shape: Sequence[int]) -> Array:
+  """uint32 bits of `shape` from a raw threefry key (uint32[2]): element i (row-major flat
+  index) is the first word of threefry2x32(key, (i, 0)), i.e.
+  `jax.extend.random.threefry2x32_p.bind(k0, k1, i, 0)[0]`. The counter is built from
+  iotas in `shape` itself, so the cipher fuses into whatever consumes the bits."""
+  shape = tuple(shape)
+  count = jnp.zeros(shape, jnp.uint32)
+  stride = 1
+  for d in range(len(shape) - 1, -1, -1):
+    count = count + jax.lax.broadcasted_iota(jnp.uint32, shape, d) * jnp.uint32(stride)
+    stride *= shape[d]
+  bits, _ = threefry2x32(key[0], key[1], count, jnp.zeros((), jnp.uint32))
+  return bits
+
+
+class Dropout(nn.Module):
+  """Inverted dropout, as `nn.Dropout`, with the keep mask drawn by `random_bits` when the
+  rng is a threefry key (JAX's default): the same cipher as jax.random, but one fused
+  pass instead of JAX's looped CPU lowering (which made dropout ~8% of a BERT train step
+  on the CPU). Other key types fall back to `jax.random.bernoulli`."""
+  rate: float
+  rng_collection: str = "dropout"
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool = True) -> Array:
+    if deterministic or self.rate == 0.0:
+      return x
+    if self.rate >= 1.0:
+      return jnp.zeros_like(x)
+    keep_prob = 1.0 - self.rate
+    rng = self.make_rng(self.rng_collection)
+    if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+      data = jax.random.key_data(rng) if "threefry" in str(rng.dtype) else None
+    else:
+      data = rng
+    if data is not None and data.shape == (2,) and data.dtype == jnp.uint32:
+      threshold = min(int(round(keep_prob * 2.0**32)), 2**32 - 1)
+      keep = random_bits(data, x.shape) < jnp.uint32(threshold)
+    else:
+      keep = jax.random.bernoulli(rng, keep_prob, x.shape)
+    return jnp.where(keep, x / jnp.asarray(keep_prob, x.dtype), jnp.zeros((), x.dtype))
+
+
 def sinusoidal_table(num_positions: int, dim: int) -> Array:
   """(P, dim) fixed sin/cos position table (DistilBERT's sinusoidal_pos_embds layout)."""
   pos = jnp.arange(num_positions, dtype=jnp.float32)[:, None]
@@ -152,7 +222,7 @@ class Embeddings(nn.Module):
                        embedding_init=normal_init(self.init_std, (None, "embed")))(token_type_ids)
     if self.use_norm:
       x = LayerNorm(self.layer_norm_eps, self.norm_bias, self.dtype, name="norm")(x)
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    x = Dropout(self.dropout_rate)(x, deterministic=deterministic)
     if self.projection_size:
       x = Dense((self.projection_size,), ("embed", "mlp"), init_std=self.init_std,
                 dtype=self.dtype, name="projection")(x)
@@ -285,6 +355,30 @@ def attention_scores_einsum(q, k, v, mask, bias=None, scale=None, dropout_fn=Non
   return jnp.einsum("bhqs,bshk->bqhk", probs, v)
 
 
+def attention_head_major(q, k, v, mask, bias=None, scale=None, dropout_fn=None):
+  """The reference's math arranged for XLA's CPU backend: q,k,v (B,T,H,K) moved to
+  (B,H,T,K) so both batched matmuls run on contiguous (T,K) tiles, and the softmax left
+  unnormalised until after the probs @ V product (exp(s - max) @ V / sum, dividing a
+  (T,K) tile instead of a (T,T) one). Same result as `attention_scores_einsum` (to float
+  rounding) and the same dropout (applied to exp(s - max) with its inverse keep
+  scaling, which equals dropping the normalised probabilities). About 2x faster than
+  `jax.nn.dot_product_attention(implementation="xla")` on the CPU at T=128."""
+  scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+  qh, kh, vh = (jnp.swapaxes(x, 1, 2) for x in (q * jnp.asarray(scale, q.dtype), k, v))
+  scores = jnp.einsum("bhqk,bhsk->bhqs", qh, kh, preferred_element_type=jnp.float32)
+  if bias is not None:
+    scores = scores + bias.astype(jnp.float32)
+  scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+  peak = jax.lax.stop_gradient(scores.max(-1, keepdims=True))
+  unnorm = jnp.exp(scores - peak)
+  denom = unnorm.sum(-1, keepdims=True)
+  unnorm = unnorm.astype(v.dtype)
+  if dropout_fn is not None:
+    unnorm = dropout_fn(unnorm)
+  ctx = jnp.einsum("bhqs,bhsk->bhqk", unnorm, vh, preferred_element_type=jnp.float32)
+  return jnp.swapaxes(ctx / denom, 1, 2).astype(v.dtype)
+
+
 class MultiHeadAttention(nn.Module):
   """Self-attention over (B,T,D) with a (B,1,T,T) boolean mask.
 
@@ -313,7 +407,7 @@ class MultiHeadAttention(nn.Module):
     self.query, self.key, self.value = proj(name="query"), proj(name="key"), proj(name="value")
     self.out = Dense((self.hidden_size,), ("heads", "kv", "embed"), use_bias=self.use_bias,
                      init_std=self.init_std, dtype=self.dtype)
-    self.attn_dropout = nn.Dropout(self.dropout_rate)
+    self.attn_dropout = Dropout(self.dropout_rate)
 
   def project(self, x: Array):
     """(B,T,D) -> q, k, v each (B,T,H,K)."""
@@ -339,16 +433,18 @@ class MultiHeadAttention(nn.Module):
       return self.out(ctx)
     if isinstance(mask, SegmentMask):
       mask = mask.dense()
-    if self.impl == "einsum" or use_dropout or (bias is not None and scale is not None):
-      dropout_fn = (lambda p: self.attn_dropout(p, deterministic=False)) if use_dropout else None
+    dropout_fn = (lambda p: self.attn_dropout(p, deterministic=False)) if use_dropout else None
+    if self.impl == "cpu":
+      ctx = attention_head_major(q, k, v, mask, bias, scale, dropout_fn)
+    elif self.impl == "einsum" or use_dropout or (bias is not None and scale is not None):
       ctx = attention_scores_einsum(q, k, v, mask, bias, scale, dropout_fn)
     elif self.impl in ("xla", "cudnn"):
       ctx = jax.nn.dot_product_attention(
           q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
           scale=scale, implementation=self.impl)
     else:
-      raise ValueError(f"unknown attention impl {self.impl!r}; use xla, cudnn, einsum or "
-                       "splash")
+      raise ValueError(f"unknown attention impl {self.impl!r}; use xla, cudnn, einsum, cpu "
+                       "or splash")
     ctx = constrain(ctx, ("act_batch", "act_len", "act_heads", "act_kv"))
     return self.out(ctx)
 
@@ -394,7 +490,7 @@ class EncoderBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, mask, positions=None, bias=None, scale=None, deterministic=True):
-    drop = nn.Dropout(self.dropout_rate)
+    drop = Dropout(self.dropout_rate)
     attn = self.attention(name="attention")
     if self.pre_norm:
       h = self.norm(name="attention_norm")(x) if self.attention_norm else x

@@ -1,0 +1,332 @@
+"""Ahead-of-time compile of the real sharded train step for a Cloud TPU topology, on any
+machine (this CPU included): does it fit in HBM, and how fast does XLA expect it to be?
+
+  python -m launch.aot --config configs/bert.py:base --topology v5p:2x2x1 --global_batch 32 \\
+      [--seq 512] [--mesh=-1,1,1] [--config.model.attention_impl=splash ...]
+
+What it does: `jax.experimental.topologies.get_topology_desc` (libtpu) describes the TPU
+slice without one; `launch.train.build(config, tokenizer, devices=topology.devices)`
+builds the exact train step the trainer runs (mesh, logical-axis shardings, donated
+state, objective, optimizer); it is lowered with the abstract sharded state and an
+abstract batch shaped like the pipeline's, under the mesh context, and compiled by the
+TPU compiler. From the compiled program:
+- per-device HBM: XLA's buffer assignment (arguments + outputs - donated aliases +
+  temporaries + program code), against the chip's capacity (table below);
+- XLA's cost-model estimate of the step time (`cost_analysis()["optimal_seconds"]`), and
+  the MFU it implies: our exact model FLOPs of the step (launch/flops.py) per device /
+  estimated time / the chip's published bf16 peak (per device).
+Exit status: 0 when the step fits, 1 when it does not (or the compiler runs out of
+memory), 2 for a usage or setup problem (bad topology name, libtpu missing).
+
+libtpu: taken from an installed `libtpu` package (`pip install 'encoder-zoo[tpu]'`),
+else from $TPU_LIBRARY_PATH, else from `.cache/libtpu` in the repository (where
+`pip install --target .cache/libtpu libtpu` puts it without touching the environment).
+"""
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, Optional, Sequence
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOCAL_LIBTPU = os.path.join(_REPO, ".cache", "libtpu", "libtpu", "libtpu.so")
+
+# HBM per chip in GiB, by the device_kind the topology reports.
+HBM_GIB = {
+    "TPU v2": 16, "TPU v3": 32, "TPU v4": 32, "TPU v5 lite": 16, "TPU v5e": 16,
+    "TPU v5p": 95, "TPU v5": 95, "TPU v6 lite": 32, "TPU v6e": 32,
+}
+
+EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_USAGE = 0, 1, 2
+
+
+class AotError(Exception):
+  """A problem with the request or the environment (exit status 2)."""
+
+
+def find_libtpu() -> Optional[str]:
+  """Path of libtpu.so, or None. Sets TPU_LIBRARY_PATH when it comes from the cache."""
+  import importlib.util
+  env = os.environ.get("TPU_LIBRARY_PATH")
+  if env and os.path.isfile(env):
+    return env
+  spec = importlib.util.find_spec("libtpu")
+  if spec is not None and spec.submodule_search_locations:
+    for d in spec.submodule_search_locations:
+      path = os.path.join(d, "libtpu.so")
+      if os.path.isfile(path):
+        return path
+  if os.path.isfile(LOCAL_LIBTPU):
+    os.environ["TPU_LIBRARY_PATH"] = LOCAL_LIBTPU
+    return LOCAL_LIBTPU
+  return None
+
+
+def quiet_libtpu_env():
+  """Environment for a compile-only libtpu on a machine with no TPU: no metadata-server
+  queries and no complaints about the (absent) TPU VM. Must run before jax starts."""
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def hbm_per_chip(device_kind: str) -> Optional[float]:
+  for name, gib in sorted(HBM_GIB.items(), key=lambda kv: -len(kv[0])):
+    if device_kind.startswith(name) or name in device_kind:
+      return gib * 2**30
+  return None
+
+
+def cores_per_chip(devices) -> int:
+  """JAX devices per physical chip (1 with megacore; 2 where each TensorCore is one)."""
+  coords = {tuple(getattr(d, "coords", (i,))) for i, d in enumerate(devices)}
+  return max(1, len(devices) // max(1, len(coords)))
+
+
+def get_topology(name: str):
+  from jax.experimental import topologies
+  try:
+    return topologies.get_topology_desc(topology_name=name, platform="tpu")
+  except Exception as e:  # the plugin's message names the problem
+    raise AotError(f"cannot make TPU topology {name!r}: {e}") from e
+
+
+def parse_mesh(text: str):
+  try:
+    shape = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+  except ValueError:
+    shape = ()
+  if len(shape) != 3:
+    raise AotError(f"--mesh={text!r}: give data,fsdp,tensor sizes, e.g. -1,1,1 or 2,1,2")
+  return shape
+
+
+def abstract_batch(config, batch: int, seq: int, batch_sharding):
+  """ShapeDtypeStructs of a pipeline batch, rows sharded like the trainer's batches."""
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from launch import bench
+  host = bench.full_batch(config, 1, seq)  # only the keys and dtypes are used
+  mesh, row_axes = batch_sharding.mesh, batch_sharding.spec[:1]
+  out = {}
+  for k, v in host.items():
+    spec = P(*row_axes, *([None] * (v.ndim - 1)))
+    out[k] = jax.ShapeDtypeStruct((batch,) + v.shape[1:], v.dtype,
+                                  sharding=NamedSharding(mesh, spec))
+  return out
+
+
+def _cost(compiled) -> Dict[str, float]:
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  return dict(cost or {})
+
+
+def _is_oom(e: Exception) -> bool:
+  text = str(e)
+  return any(s in text for s in ("RESOURCE_EXHAUSTED", "Ran out of memory", "out of memory",
+                                 "exceeds the memory"))
+
+
+def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
+                       mesh_shape: Optional[Sequence[int]] = None,
+                       hbm_gib: Optional[float] = None) -> Dict[str, Any]:
+  """Builds, lowers and compiles the train step for `topology`; returns the report."""
+  import jax
+  import ml_collections
+  from launch import bench, flops, train
+  topo = get_topology(topology)
+  devices = list(topo.devices)
+  config = ml_collections.ConfigDict(config.to_dict())
+  seq = seq or config.data.seq_len
+  config.data.global_batch = global_batch
+  config.data.seq_len = seq
+  if mesh_shape is not None:
+    config.mesh.shape = tuple(mesh_shape)
+  bench.resolve_dtype(config, "tpu")  # "auto" means bf16 on the target, not on this host
+  kind = getattr(devices[0], "device_kind", "")
+  per_chip = cores_per_chip(devices)
+  capacity = hbm_gib * 2**30 if hbm_gib else hbm_per_chip(kind)
+  if capacity is None:
+    raise AotError(f"HBM of {kind!r} is not in the table; pass --hbm_gib")
+  capacity = capacity / (1 if hbm_gib else per_chip)
+  peak = flops.chip_peak_flops(kind) / per_chip
+  tok = bench.SyntheticTokenizer.for_model(config.model)
+  t0 = time.perf_counter()
+  try:
+    setup = train.build(config, tok, devices=devices)
+  except ValueError as e:
+    raise AotError(str(e)) from e
+  batch = abstract_batch(config, global_batch, seq, setup.batch_sharding)
+  report: Dict[str, Any] = {
+      "topology": topology, "device_kind": kind, "devices": len(devices),
+      "devices_per_chip": per_chip, "mesh": dict(setup.mesh.shape),
+      "global_batch": global_batch, "seq": seq, "config": bench._config_summary(config),
+      "hbm_capacity_bytes": capacity, "peak_flops_per_device": peak}
+  try:
+    with jax.set_mesh(setup.mesh):
+      lowered = setup.train_step.lower(setup.abstract_state, batch)
+    compiled = lowered.compile()
+  except Exception as e:  # noqa: BLE001 - the compiler's OOM is a result, not a crash
+    if _is_oom(e):
+      report.update(fits=False, compile_error=str(e).strip().splitlines()[0][:500])
+      return report
+    raise
+  report["compile_s"] = time.perf_counter() - t0
+  m = compiled.memory_analysis()
+  used = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+          + m.temp_size_in_bytes + m.generated_code_size_in_bytes)
+  report["memory"] = {
+      "arguments": int(m.argument_size_in_bytes), "outputs": int(m.output_size_in_bytes),
+      "aliased": int(m.alias_size_in_bytes), "temporaries": int(m.temp_size_in_bytes),
+      "code": int(m.generated_code_size_in_bytes), "total": int(used)}
+  report["fits"] = bool(used <= capacity)
+  cost = _cost(compiled)
+  model_flops = 3.0 * global_batch * setup.objective.forward_flops(seq)
+  report["model_flops_per_step"] = model_flops
+  report["model_flops_per_device"] = model_flops / len(devices)
+  report["xla_flops_per_device"] = cost.get("flops")
+  est = cost.get("optimal_seconds")
+  report["xla_optimal_seconds"] = est
+  if est is not None and est < 0 and report["fits"]:
+    # The TPU cost model prices a whole program or nothing; it cannot price some ops
+    # (e.g. a batched scatter, which the MLM masking uses). Price the same step with the
+    # objective's on-device batch transform hoisted out (its work is elementwise and tiny
+    # next to the model's) and say so.
+    est = _estimate_without_transform(setup, batch)
+    if est is not None and est > 0:
+      report["estimate_excludes"] = "the objective's batch transform (masking)"
+  if est is not None and est > 0:
+    report["estimated_step_s"] = est
+    report["estimated_tokens_per_s"] = global_batch * seq / est
+    report["estimated_mfu"] = (model_flops / len(devices)) / est / peak if peak else None
+  hlo = compiled.as_text() or ""
+  report["splash_kernel_in_hlo"] = "splash" in hlo.lower()
+  return report
+
+
+def _estimate_without_transform(setup, batch) -> Optional[float]:
+  """XLA's estimate of the train step with `objective.transform` done beforehand."""
+  import jax
+  objective = setup.objective
+  transform = getattr(objective, "transform", None)
+  if transform is None:
+    return None
+  key = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
+  shapes = jax.eval_shape(lambda b, k: transform(b, jax.random.wrap_key_data(k)), batch, key)
+  row_axes = setup.batch_sharding.spec[:1]
+  mesh = setup.batch_sharding.mesh
+  pre = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec(*row_axes, *([None] * (v.ndim - 1)))))
+         for k, v in shapes.items()}
+  objective.transform = lambda b, rng: b
+  try:
+    with jax.set_mesh(mesh):
+      compiled = setup.train_step.lower(setup.abstract_state, pre).compile()
+  finally:
+    del objective.transform
+  return _cost(compiled).get("optimal_seconds")
+
+
+def format_report(r: Dict[str, Any]) -> str:
+  c = r["config"]
+  gib = lambda n: f"{n / 2**30:.2f} GiB"
+  lines = [f"AOT train step: {c['family']} {c['variant']} (L{c['layers']} H{c['hidden']}), "
+           f"global batch {r['global_batch']} x seq {r['seq']}, {c['dtype']}, "
+           f"attention={c['attention_impl']}, remat={c['remat_policy']}, "
+           f"scan_layers={c['scan_layers']}, max_predictions={c['max_predictions']}, "
+           f"vocab_pad_multiple={c['vocab_pad_multiple']}",
+           f"topology {r['topology']}: {r['devices']} x {r['device_kind']} "
+           f"({r['devices_per_chip']} device(s) per chip), mesh {r['mesh']}"]
+  if "compile_error" in r:
+    lines.append(f"DOES NOT FIT: the TPU compiler ran out of memory: {r['compile_error']}")
+    return "\n".join(lines)
+  m = r["memory"]
+  lines.append(f"compile: {r['compile_s']:.1f} s")
+  lines.append(f"HBM per device: {gib(m['total'])} of {gib(r['hbm_capacity_bytes'])} "
+               f"({100 * m['total'] / r['hbm_capacity_bytes']:.1f}%)  [arguments "
+               f"{gib(m['arguments'])}, outputs {gib(m['outputs'])}, donated "
+               f"-{gib(m['aliased'])}, temporaries {gib(m['temporaries'])}, code "
+               f"{gib(m['code'])}]")
+  if "estimated_step_s" in r:
+    mfu = r.get("estimated_mfu")
+    lines.append(f"XLA estimated step time: {r['estimated_step_s'] * 1e3:.2f} ms  "
+                 f"({r['estimated_tokens_per_s']:,.0f} tokens/s)  implied MFU "
+                 f"{'-' if mfu is None else f'{100 * mfu:.1f}%'} of "
+                 f"{r['peak_flops_per_device'] / 1e12:.0f} TFLOP/s per device")
+    if r.get("estimate_excludes"):
+      lines.append(f"  (XLA's cost model cannot price the whole step; this estimate "
+                   f"excludes {r['estimate_excludes']})")
+  else:
+    lines.append("XLA reported no step-time estimate for this program")
+  xf = r.get("xla_flops_per_device")
+  lines.append(f"FLOPs per device per step: model {r['model_flops_per_device'] / 1e12:.3f} T"
+               + (f", XLA counted {xf / 1e12:.3f} T" if xf else ""))
+  if c["attention_impl"] == "splash":
+    lines.append(f"splash kernel in the compiled program: {r['splash_kernel_in_hlo']}")
+  if not r["fits"]:
+    lines.append(f"DOES NOT FIT: needs {gib(m['total'])} per device, the chip has "
+                 f"{gib(r['hbm_capacity_bytes'])}. Try a smaller --global_batch, "
+                 "--config.model.remat_policy=full, bfloat16, or more fsdp/tensor "
+                 "sharding (--mesh).")
+  return "\n".join(lines)
+
+
+def _define_flags():
+  from absl import flags
+  from ml_collections import config_flags
+  if "topology" in flags.FLAGS:
+    return flags.FLAGS
+  config_flags.DEFINE_config_file("config", None, "config file[:arg]", lock_config=True)
+  flags.DEFINE_string("topology", None, "Cloud TPU topology, e.g. v5p:2x2x1, v5e:4x4, "
+                      "v4:2x2x1, v6e:2x2")
+  flags.DEFINE_integer("global_batch", None, "rows per train step over the whole slice")
+  flags.DEFINE_integer("seq", 0, "sequence length (0: config.data.seq_len)")
+  flags.DEFINE_string("mesh", "", "data,fsdp,tensor (one may be -1); default: config.mesh")
+  flags.DEFINE_float("hbm_gib", 0.0, "override the HBM capacity per device (GiB)")
+  flags.DEFINE_string("json", "", "also write the report to this JSON file")
+  flags.mark_flags_as_required(["config", "topology", "global_batch"])
+  return flags.FLAGS
+
+
+def main(argv):
+  del argv
+  import logging
+  for noisy in ("absl", "jax", "orbax"):
+    logging.getLogger(noisy).setLevel(logging.WARNING)
+  F = _define_flags()
+  try:
+    mesh = parse_mesh(F.mesh) if F.mesh else None
+    report = compile_train_step(F.config, F.topology, F.global_batch, F.seq, mesh,
+                                F.hbm_gib or None)
+  except AotError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return EXIT_USAGE
+  report["command"] = "python -m launch.aot " + " ".join(sys.argv[1:])
+  report["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+  print(format_report(report))
+  if F.json:
+    with open(F.json, "w") as f:
+      json.dump(report, f, indent=1, default=str)
+  return EXIT_FITS if report["fits"] else EXIT_DOES_NOT_FIT
+
+
+def _entry():
+  from absl import app
+  from launch import bench
+  if find_libtpu() is None:
+    print("error: libtpu is not installed, and the TPU compiler comes with it. Install it "
+          "with `pip install 'encoder-zoo[tpu]'` (or `pip install libtpu`), or without "
+          "touching this environment: `pip install --target .cache/libtpu libtpu` in the "
+          "repository, or point $TPU_LIBRARY_PATH at a libtpu.so.", file=sys.stderr)
+    sys.exit(EXIT_USAGE)
+  quiet_libtpu_env()
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the host runs nothing; TPU is compile-only
+  _define_flags()
+  app.run(main, argv=bench.normalize_argv(sys.argv))
+
+
+if __name__ == "__main__":
+  _entry()

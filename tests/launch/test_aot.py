@@ -1,0 +1,95 @@
+"""launch.aot plumbing: the real sharded train step compiled ahead of time for a Cloud TPU
+topology (Splash attention, tensor sharding, scan + remat included), HBM against capacity,
+XLA's estimate, and the exit status when it does not fit.
+
+Needs libtpu (the TPU compiler). When the environment has none it is installed into
+`.cache/libtpu` of the repository (not into the environment: an installed libtpu makes
+every JAX process probe for a TPU); the tests skip, saying why, only if that fails.
+"""
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from launch import aot
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = ["--config", "configs/bert.py:tiny", "--config.model.num_hidden_layers=1",
+        "--config.model.vocab_size=512"]
+
+
+def _libtpu_requirement() -> str:
+  """The libtpu pin of this jax's `tpu` extra (e.g. libtpu==0.0.42.*), else libtpu."""
+  for req in importlib.metadata.requires("jax") or []:
+    if req.startswith("libtpu") and "extra ==" in req and "tpu" in req:
+      return re.sub(r"\s", "", req.split(";")[0])
+  return "libtpu"
+
+
+@pytest.fixture(scope="module")
+def libtpu():
+  path = aot.find_libtpu()
+  if path:
+    return path
+  target = os.path.dirname(os.path.dirname(aot.LOCAL_LIBTPU))
+  cmd = [sys.executable, "-m", "pip", "install", "-q", "--target", target,
+         _libtpu_requirement()]
+  try:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+  except (OSError, subprocess.TimeoutExpired) as e:
+    pytest.skip(f"libtpu could not be installed ({e}); the TPU compiler comes with it")
+  if p.returncode != 0 or aot.find_libtpu() is None:
+    pytest.skip("libtpu could not be installed (pip said: "
+                f"{(p.stderr or p.stdout).strip()[-300:]}); the TPU compiler comes with it")
+  return aot.find_libtpu()
+
+
+def _run(args, libtpu_path, timeout=600):
+  env = dict(os.environ, TPU_LIBRARY_PATH=libtpu_path, XLA_FLAGS="")
+  return subprocess.run([sys.executable, "-m", "launch.aot", *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def test_splash_train_step_compiles_sharded_for_v5p(libtpu, tmp_path):
+  out = tmp_path / "aot.json"
+  p = _run(TINY + ["--topology", "v5p:2x2x1", "--global-batch", "8", "--seq", "128",
+                   "--mesh=2,1,2", "--config.model.attention_impl=splash",
+                   "--config.model.attention_probs_dropout_prob=0", "--json", str(out)],
+           libtpu)
+  assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+  r = json.loads(out.read_text())
+  assert r["fits"] and r["devices"] == 4 and r["device_kind"].startswith("TPU v5")
+  assert r["mesh"] == {"data": 2, "fsdp": 1, "tensor": 2}
+  assert r["config"]["dtype"] == "bfloat16"  # "auto" resolved for the TPU target
+  assert r["splash_kernel_in_hlo"]
+  assert 0 < r["memory"]["total"] < r["hbm_capacity_bytes"] == 95 * 2**30
+  assert r["estimated_step_s"] > 0 and 0 < r["estimated_mfu"] < 1
+  assert "HBM per device" in p.stdout and "implied MFU" in p.stdout
+
+
+def test_does_not_fit_exits_nonzero_with_a_clear_message(libtpu):
+  p = _run(TINY + ["--topology", "v5e:2x2", "--global_batch", "4", "--seq", "64",
+                   "--config.model.scan_layers=true", "--config.model.remat_policy=full",
+                   "--hbm_gib", "0.001"], libtpu)
+  assert p.returncode == aot.EXIT_DOES_NOT_FIT, p.stdout + p.stderr[-3000:]
+  assert "DOES NOT FIT" in p.stdout and "per device" in p.stdout
+
+
+def test_bad_topology_is_a_usage_error(libtpu):
+  p = _run(TINY + ["--topology", "v5p:banana", "--global_batch", "8"], libtpu)
+  assert p.returncode == aot.EXIT_USAGE
+  assert "v5p:banana" in p.stderr
+
+
+def test_mesh_flag_parsing_and_tables():
+  assert aot.parse_mesh("-1,1,1") == (-1, 1, 1) and aot.parse_mesh("2x1x2") == (2, 1, 2)
+  with pytest.raises(aot.AotError, match="data,fsdp,tensor"):
+    aot.parse_mesh("4")
+  assert aot.hbm_per_chip("TPU v5") == 95 * 2**30
+  assert aot.hbm_per_chip("TPU v5 lite") == 16 * 2**30
+  assert aot.hbm_per_chip("TPU v6 lite") == 32 * 2**30
+  assert aot.hbm_per_chip("Banana v1") is None

@@ -1,0 +1,111 @@
+"""launch.bench plumbing (not timings): synthetic batches shaped like the pipeline's, the
+forward and train steps timed next to transformers', packed vs padded documents, the CLI."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from configs import bert as bert_configs
+from configs import roberta as roberta_configs
+from launch import bench
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMALL = dict(num_hidden_layers=1, vocab_size=512)
+
+
+def _config(module=bert_configs, arg="tiny", **model):
+  c = module.get_config(arg).unlock()
+  for k, v in {**SMALL, **model}.items():
+    c.model[k] = v
+  c.model.dtype = "float32"
+  return c
+
+
+def test_full_batch_is_shaped_like_the_pipeline():
+  c = _config()
+  b = bench.full_batch(c, 4, 32)
+  assert set(b) == {"input_ids", "segment_ids", "token_type_ids", "position_ids",
+                    "special_tokens_mask", "word_starts", "next_sentence_label"}
+  for k in ("input_ids", "segment_ids", "token_type_ids", "position_ids"):
+    assert b[k].shape == (4, 32) and b[k].dtype == np.int32
+  assert b["special_tokens_mask"].dtype == bool and b["word_starts"].dtype == bool
+  assert b["next_sentence_label"].shape == (4,)
+  assert b["input_ids"].max() < c.model.vocab_size
+  assert (b["token_type_ids"][:, -1] == 1).all()  # a sentence pair per row
+  rb = bench.full_batch(_config(roberta_configs, "base"), 2, 16)
+  assert "next_sentence_label" not in rb
+
+
+def test_packing_and_padding_cover_the_same_documents():
+  c = _config(roberta_configs, "base")
+  lengths = bench.doc_lengths("lognormal:20:1.0", 24, 64, seed=3)
+  assert lengths.min() >= bench.MIN_DOC_LEN and lengths.max() <= 64
+  rows = bench.pack_first_fit(lengths, 64)
+  assert sorted(i for r in rows for i in r) == list(range(24))
+  assert all(sum(lengths[i] for i in r) <= 64 for r in rows)
+  packed = bench.packed_batches(c, lengths, 4, 64)
+  padded = bench.padded_batches(c, lengths, 4, 64, pad_multiple=16)
+  total = int(lengths.sum())
+  assert sum(bench.real_tokens(b) for b in packed) == total
+  assert sum(bench.real_tokens(b) for b in padded) == total
+  assert all(b["input_ids"].shape[1] % 16 == 0 for b in padded)
+  seg = packed[0]["segment_ids"][0]
+  assert seg.max() >= 1 and (np.diff(seg[seg > 0]) >= 0).all()
+  pos = packed[0]["position_ids"][0]
+  assert (pos[np.flatnonzero(np.diff(seg, prepend=0))] == 0).all()  # restart per document
+  with pytest.raises(ValueError, match="uniform:LO:HI"):
+    bench.doc_lengths("zipf:2", 4, 64)
+
+
+def test_forward_against_transformers():
+  r = bench.bench_step(_config(), "forward", batch=8, seq=32, iters=2, warmup=1,
+                       compare_hf=True)
+  assert r["ours"]["tokens_per_s"] > 0 and r["theirs"]["tokens_per_s"] > 0
+  assert r["ratio_tokens_per_s"] > 0
+  assert r["ratio_best_tokens_per_s"] == pytest.approx(
+      r["ours"]["best_tokens_per_s"] / r["theirs"]["best_tokens_per_s"])
+  assert r["max_abs_diff_last_hidden"] < 1e-4  # the same model, the same weights
+  assert r["theirs"]["architecture"] == "BertForPreTraining"
+  assert r["ours"]["flops_per_step"] == r["theirs"]["flops_per_step"]
+  assert r["ours"]["memory"]["xla_buffers_bytes"] > 0
+  assert 0 < r["ours"]["mfu"]
+  text = bench.format_report(r)
+  assert "ratio ours/theirs" in text and "MFU" in text
+
+
+def test_train_step_against_transformers_with_gathered_mlm_positions():
+  c = _config(roberta_configs, "base", max_position_embeddings=66)
+  c.objective.max_predictions = 6
+  r = bench.bench_step(c, "train", batch=8, seq=32, iters=1, warmup=1, compare_hf=True)
+  assert len(r["ours"]["step_times_s"]) == 1 and r["theirs"]["step_time_s"] > 0
+  assert r["theirs"]["architecture"] == "RobertaForMaskedLM"
+  # Ours decodes 6 positions per row, transformers every one of the 32.
+  assert r["ours"]["flops_per_step"] < r["theirs"]["flops_per_step"]
+  assert r["config"]["max_predictions"] == 6
+
+
+def test_packed_vs_padded():
+  r = bench.bench_packed(_config(), "lognormal:10:0.6", "forward", batch=8, seq=32, iters=8,
+                         pad_multiple=16, passes=1)
+  assert r["packed"]["fill"] > r["padded"]["fill"]
+  assert r["packed"]["batches"] <= r["padded"]["batches"]
+  assert r["ratio_real_tokens_per_s"] > 0
+  assert "packed/padded" in bench.format_report(r)
+
+
+def test_cli(tmp_path):
+  out = tmp_path / "r.json"
+  cmd = [sys.executable, "-m", "launch.bench", "--config", "configs/bert.py:tiny",
+         "--mode", "forward", "--batch", "2", "--seq", "16", "--iters", "1", "--warmup", "0",
+         "--compare-hf", "--json", str(out), "--config.model.num_hidden_layers=1",
+         "--config.model.vocab_size=512", "--config.model.dtype=float32"]
+  env = dict(os.environ, XLA_FLAGS="")
+  p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "tokens/s" in p.stdout and "ratio ours/theirs" in p.stdout
+  r = json.loads(out.read_text())
+  assert r["machine"]["cpu_cores"] and r["command"].startswith("python -m launch.bench")
+  assert r["batch"] == 2 and r["seq"] == 16
