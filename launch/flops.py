@@ -57,7 +57,7 @@ PEAK_BF16 = {
 _CPU_PEAK = {}
 
 
-def measure_cpu_matmul_flops(sizes=(1024, 2048), dtype="float32", repeats: int = 3) -> float:
+def measure_cpu_matmul_flops(sizes=(1024, 2048), dtype="float32", repeats: int = 5) -> float:
   """Measured dense-matmul FLOP/s of this CPU: the best over square matmuls of `sizes`
   (jitted, all cores, `repeats` timings each) — the CPU's "peak". Cached per process."""
   import time
