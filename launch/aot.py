@@ -69,6 +69,9 @@ def quiet_libtpu_env():
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  # Compile-only processes never claim a chip: let several (a test next to a user's run)
+  # load libtpu at once instead of failing on its single-process lockfile.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 def hbm_per_chip(device_kind: str) -> Optional[float]:
@@ -190,30 +193,58 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
   report["xla_flops_per_device"] = cost.get("flops")
   est = cost.get("optimal_seconds")
   report["xla_optimal_seconds"] = est
-  if est is not None and est < 0 and report["fits"]:
-    # The TPU cost model prices a whole program or nothing; it cannot price some ops
-    # (e.g. a batched scatter, which the MLM masking uses). Price the same step with the
-    # objective's on-device batch transform hoisted out (its work is elementwise and tiny
-    # next to the model's) and say so.
-    est = _estimate_without_transform(setup, batch)
-    if est is not None and est > 0:
-      report["estimate_excludes"] = "the objective's batch transform (masking)"
-  if est is not None and est > 0:
-    report["estimated_step_s"] = est
-    report["estimated_tokens_per_s"] = global_batch * seq / est
-    report["estimated_mfu"] = (model_flops / len(devices)) / est / peak if peak else None
   hlo = compiled.as_text() or ""
   report["splash_kernel_in_hlo"] = "splash" in hlo.lower()
+  if report["fits"]:
+    est, notes = _step_time_estimate(config, tok, devices, setup, batch, est, hlo)
+    if notes:
+      report["estimate_notes"] = notes
+    if est is not None and est > 0:
+      report["estimated_step_s"] = est
+      report["estimated_tokens_per_s"] = global_batch * seq / est
+      report["estimated_mfu"] = (model_flops / len(devices)) / est / peak if peak else None
   return report
 
 
-def _estimate_without_transform(setup, batch) -> Optional[float]:
-  """XLA's estimate of the train step with `objective.transform` done beforehand."""
+def _step_time_estimate(config, tok, devices, setup, batch, est, hlo):
+  """XLA's cost-model time of the step, and notes on how it was obtained.
+
+  The TPU cost model prices a whole program or nothing (optimal_seconds < 0): it cannot
+  price some ops, e.g. the batched scatter of the MLM masking. And it prices a while loop's
+  body once, not per trip, so a step with scan_layers or in-step gradient accumulation is
+  underestimated by the trip count. In those cases the estimate comes from a twin
+  program with the same math: the objective's batch transform (masking: elementwise,
+  tiny next to the model) done beforehand, layers unrolled, no accumulation loop."""
+  import re
+  import ml_collections
+  from launch import train
+  loops = bool(re.search(r"\bwhile\(", hlo))
+  if est is not None and est > 0 and not loops:
+    return est, []
+  notes = []
+  price_setup = setup
+  if loops:
+    twin = ml_collections.ConfigDict(config.to_dict())
+    twin.model.scan_layers = False
+    twin.optimizer.grad_accum_steps = 1
+    price_setup = train.build(twin, tok, devices=devices)
+    notes.append("layers unrolled and no accumulation loop (XLA prices a loop body once)")
+  est, loops_left = _estimate_without_transform(price_setup, batch)
+  notes.append("without the objective's batch transform (masking), which XLA's TPU cost "
+               "model cannot price")
+  if loops_left:
+    notes.append("the priced program still has a loop: the estimate is a lower bound")
+  return est, notes
+
+
+def _estimate_without_transform(setup, batch):
+  """XLA's estimate of the train step with `objective.transform` done beforehand, and
+  whether that program has a while loop."""
   import jax
   objective = setup.objective
   transform = getattr(objective, "transform", None)
   if transform is None:
-    return None
+    return None, False
   key = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
   shapes = jax.eval_shape(lambda b, k: transform(b, jax.random.wrap_key_data(k)), batch, key)
   row_axes = setup.batch_sharding.spec[:1]
@@ -227,7 +258,8 @@ def _estimate_without_transform(setup, batch) -> Optional[float]:
       compiled = setup.train_step.lower(setup.abstract_state, pre).compile()
   finally:
     del objective.transform
-  return _cost(compiled).get("optimal_seconds")
+  loops = "while(" in (compiled.as_text() or "")
+  return _cost(compiled).get("optimal_seconds"), loops
 
 
 def format_report(r: Dict[str, Any]) -> str:
@@ -256,9 +288,8 @@ def format_report(r: Dict[str, Any]) -> str:
                  f"({r['estimated_tokens_per_s']:,.0f} tokens/s)  implied MFU "
                  f"{'-' if mfu is None else f'{100 * mfu:.1f}%'} of "
                  f"{r['peak_flops_per_device'] / 1e12:.0f} TFLOP/s per device")
-    if r.get("estimate_excludes"):
-      lines.append(f"  (XLA's cost model cannot price the whole step; this estimate "
-                   f"excludes {r['estimate_excludes']})")
+    for note in r.get("estimate_notes", []):
+      lines.append(f"  (estimated on a twin of the step: {note})")
   else:
     lines.append("XLA reported no step-time estimate for this program")
   xf = r.get("xla_flops_per_device")
