@@ -86,6 +86,10 @@ class Tokenizer(abc.ABC):
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     """Token ids of each text, no special tokens added (parallel where the backend is)."""
 
+  def _prep(self, text: str) -> str:
+    """Lower-cases when the tokenizer is uncased (subclasses set `_lowercase`)."""
+    return text.lower() if getattr(self, "_lowercase", False) else text
+
   @abc.abstractmethod
   def decode(self, ids: Iterable[int]) -> str:
     """Text of `ids`; padding ids are dropped."""
@@ -135,9 +139,6 @@ class SentencePieceTokenizer(Tokenizer):
   @property
   def model_proto(self) -> bytes:
     return self._proto
-
-  def _prep(self, text: str) -> str:
-    return text.lower() if self._lowercase else text
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     texts = [self._prep(t) for t in texts]
@@ -215,9 +216,6 @@ class HFTokenizer(Tokenizer):
     special[list(self.special_ids)] = True
     self.special = special
     self.word_start = _hf_word_starts(json.loads(tok.to_str()), tokens) | special
-
-  def _prep(self, text: str) -> str:
-    return text.lower() if self._lowercase else text
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     texts = [self._prep(t) for t in texts]
