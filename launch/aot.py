@@ -294,8 +294,7 @@ def format_report(r: Dict[str, Any]) -> str:
     lines.append("XLA reported no step-time estimate for this program")
   xf = r.get("xla_flops_per_device")
   lines.append(f"FLOPs per device per step: model {r['model_flops_per_device'] / 1e12:.3f} T"
-               + (f", XLA counted {xf / 1e12:.3f} T (loop bodies once; not the splash "
-                  "kernel's)" if xf else ""))
+               + (f", XLA counted {xf / 1e12:.3f} T" if xf else ""))
   if c["attention_impl"] == "splash":
     lines.append(f"splash kernel in the compiled program: {r['splash_kernel_in_hlo']}")
   if not r["fits"]:
