@@ -47,7 +47,6 @@ How it measures:
 """
 import dataclasses
 import json
-import math
 import os
 import platform
 import resource
@@ -318,8 +317,7 @@ class Ours:
       self.mesh, self.batch_sharding = self.setup.mesh, self.setup.batch_sharding
       self.rules = shard_lib.rules_tuple(config.mesh.rules)
       self.state = self.setup.init_state()
-      self.model = self.setup.objective.modules["encoder"] if hasattr(
-          self.setup.objective, "modules") else None
+      self.model = self.setup.objective.modules["encoder"]  # what --compare-hf exports
       self.fn = self.setup.train_step
     elif mode == "forward":
       self.mesh = shard_lib.make_mesh(config.mesh.shape, devices)

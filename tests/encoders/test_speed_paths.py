@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import transformers as T
 
 import encoders
 from configs import bert as bert_configs
