@@ -20,7 +20,8 @@ memory), 2 for a usage or setup problem (bad topology name, libtpu missing).
 
 libtpu: taken from an installed `libtpu` package (`pip install 'encoder-zoo[tpu]'`),
 else from $TPU_LIBRARY_PATH, else from `.cache/libtpu` in the repository (where
-`pip install --target .cache/libtpu libtpu` puts it without touching the environment).
+`pip install --target .cache/libtpu 'libtpu==<jax's pin>'` puts it without touching the
+environment; `libtpu_requirement()` names the pin).
 """
 import json
 import os
@@ -60,6 +61,17 @@ def find_libtpu() -> Optional[str]:
     os.environ["TPU_LIBRARY_PATH"] = LOCAL_LIBTPU
     return LOCAL_LIBTPU
   return None
+
+
+def libtpu_requirement() -> str:
+  """The libtpu pin of the installed jax's `tpu` extra (e.g. libtpu==0.0.42.*): the TPU
+  compiler built for this jax release. Plain "libtpu" if jax names none."""
+  import importlib.metadata
+  import re
+  for req in importlib.metadata.requires("jax") or []:
+    if req.startswith("libtpu") and "extra ==" in req and "tpu" in req:
+      return re.sub(r"\s", "", req.split(";")[0])
+  return "libtpu"
 
 
 def quiet_libtpu_env():
@@ -209,13 +221,16 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
 def _step_time_estimate(config, tok, devices, setup, batch, est, hlo):
   """XLA's cost-model time of the step, and notes on how it was obtained.
 
-  The TPU cost model prices a whole program or nothing (optimal_seconds < 0): it cannot
-  price some ops, e.g. the batched scatter of the MLM masking. And it prices a while loop's
-  body once, not per trip, so a step with scan_layers or in-step gradient accumulation is
-  underestimated by the trip count. In those cases the estimate comes from a twin
-  program with the same math: the objective's batch transform (masking: elementwise,
-  tiny next to the model) done beforehand, layers unrolled, no accumulation loop."""
+  The TPU cost model prices a while loop's body once, not per trip, so a step with
+  scan_layers or in-step gradient accumulation would be underestimated by the trip count.
+  Such a step is priced on a twin program with the same math: layers unrolled, no
+  accumulation loop (memory and fit stay those of the real program). The model also
+  prices a whole program or nothing (optimal_seconds < 0) when it meets an op it has no
+  cost for; should that happen, the twin also does the objective's batch transform
+  (masking: elementwise and sorts over (B, T), tiny next to the model) beforehand. The
+  masking is written with gathers and scans only, so today's step is priced directly."""
   import re
+  import jax
   import ml_collections
   from launch import train
   loops = bool(re.search(r"\bwhile\(", hlo))
@@ -229,37 +244,17 @@ def _step_time_estimate(config, tok, devices, setup, batch, est, hlo):
     twin.optimizer.grad_accum_steps = 1
     price_setup = train.build(twin, tok, devices=devices)
     notes.append("layers unrolled and no accumulation loop (XLA prices a loop body once)")
-  est, loops_left = _estimate_without_transform(price_setup, batch)
-  notes.append("without the objective's batch transform (masking), which XLA's TPU cost "
-               "model cannot price")
-  if loops_left:
+    with jax.set_mesh(price_setup.mesh):
+      compiled = price_setup.train_step.lower(price_setup.abstract_state, batch).compile()
+    est = _cost(compiled).get("optimal_seconds")
+    loops = "while(" in (compiled.as_text() or "")
+  if est is None or est <= 0:
+    est, loops = _estimate_without_transform(price_setup, batch)
+    notes.append("without the objective's batch transform, which XLA's TPU cost model "
+                 "could not price")
+  if loops:
     notes.append("the priced program still has a loop: the estimate is a lower bound")
   return est, notes
-
-
-def _estimate_without_transform(setup, batch):
-  """XLA's estimate of the train step with `objective.transform` done beforehand, and
-  whether that program has a while loop."""
-  import jax
-  objective = setup.objective
-  transform = getattr(objective, "transform", None)
-  if transform is None:
-    return None, False
-  key = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
-  shapes = jax.eval_shape(lambda b, k: transform(b, jax.random.wrap_key_data(k)), batch, key)
-  row_axes = setup.batch_sharding.spec[:1]
-  mesh = setup.batch_sharding.mesh
-  pre = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=jax.sharding.NamedSharding(
-      mesh, jax.sharding.PartitionSpec(*row_axes, *([None] * (v.ndim - 1)))))
-         for k, v in shapes.items()}
-  objective.transform = lambda b, rng: b
-  try:
-    with jax.set_mesh(mesh):
-      compiled = setup.train_step.lower(setup.abstract_state, pre).compile()
-  finally:
-    del objective.transform
-  loops = "while(" in (compiled.as_text() or "")
-  return _cost(compiled).get("optimal_seconds"), loops
 
 
 def format_report(r: Dict[str, Any]) -> str:
@@ -348,10 +343,11 @@ def _entry():
   from absl import app
   from launch import bench
   if find_libtpu() is None:
+    req = libtpu_requirement()
     print("error: libtpu is not installed, and the TPU compiler comes with it. Install it "
-          "with `pip install 'encoder-zoo[tpu]'` (or `pip install libtpu`), or without "
-          "touching this environment: `pip install --target .cache/libtpu libtpu` in the "
-          "repository, or point $TPU_LIBRARY_PATH at a libtpu.so.", file=sys.stderr)
+          f"with `pip install 'encoder-zoo[tpu]'` (or `pip install '{req}'`), or without "
+          f"touching this environment: `pip install --target .cache/libtpu '{req}'` in "
+          "the repository, or point $TPU_LIBRARY_PATH at a libtpu.so.", file=sys.stderr)
     sys.exit(EXIT_USAGE)
   quiet_libtpu_env()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the host runs nothing; TPU is compile-only

@@ -104,10 +104,19 @@ def _select(random_bits, candidates, unit_start, budget, cap):
   pos = jnp.arange(T, dtype=jnp.int32)
   # Index of the unit start each token belongs to (-1 before the first start).
   start_of = jax.lax.cummax(jnp.where(unit_start, pos[None, :], -1), axis=1)
-  # Tokens per unit, stored at the unit's start position (0 elsewhere).
-  unit_len = jax.vmap(
-      lambda s, c: jnp.zeros((T,), jnp.int32).at[jnp.maximum(s, 0)].add(c))(
-          start_of, candidates.astype(jnp.int32))
+  # Tokens per unit, stored at the unit's start position (0 elsewhere). A unit is a run of
+  # candidates from its start up to the next start, so its size is a difference of the
+  # running candidate count: cand_before[next start] - cand_before[start]. (Gathers and
+  # scans only: a scatter here would leave XLA's TPU cost model unable to price the step.)
+  cand_before = jnp.concatenate(
+      [jnp.zeros((B, 1), jnp.int32), jnp.cumsum(candidates, axis=1, dtype=jnp.int32)],
+      axis=1)  # (B, T+1): candidates in [0, i)
+  later_start = jnp.concatenate(
+      [jnp.where(unit_start, pos[None, :], T)[:, 1:], jnp.full((B, 1), T, jnp.int32)],
+      axis=1)
+  next_start = jax.lax.cummin(later_start, axis=1, reverse=True)  # first start after i
+  unit_len = (jnp.take_along_axis(cand_before, next_start, axis=1)
+              - cand_before[:, :T])
   unit_len = jnp.where(unit_start, unit_len, 0)
 
   # A uniformly random order of the units (31-bit random keys; non-starts get a key

@@ -6,10 +6,8 @@ Needs libtpu (the TPU compiler). When the environment has none it is installed i
 `.cache/libtpu` of the repository (not into the environment: an installed libtpu makes
 every JAX process probe for a TPU); the tests skip, saying why, only if that fails.
 """
-import importlib.metadata
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -22,14 +20,6 @@ TINY = ["--config", "configs/bert.py:tiny", "--config.model.num_hidden_layers=1"
         "--config.model.vocab_size=512"]
 
 
-def _libtpu_requirement() -> str:
-  """The libtpu pin of this jax's `tpu` extra (e.g. libtpu==0.0.42.*), else libtpu."""
-  for req in importlib.metadata.requires("jax") or []:
-    if req.startswith("libtpu") and "extra ==" in req and "tpu" in req:
-      return re.sub(r"\s", "", req.split(";")[0])
-  return "libtpu"
-
-
 @pytest.fixture(scope="module")
 def libtpu():
   path = aot.find_libtpu()
@@ -37,7 +27,7 @@ def libtpu():
     return path
   target = os.path.dirname(os.path.dirname(aot.LOCAL_LIBTPU))
   cmd = [sys.executable, "-m", "pip", "install", "-q", "--target", target,
-         _libtpu_requirement()]
+         aot.libtpu_requirement()]
   try:
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
   except (OSError, subprocess.TimeoutExpired) as e:
@@ -68,7 +58,23 @@ def test_splash_train_step_compiles_sharded_for_v5p(libtpu, tmp_path):
   assert r["splash_kernel_in_hlo"]
   assert 0 < r["memory"]["total"] < r["hbm_capacity_bytes"] == 95 * 2**30
   assert r["estimated_step_s"] > 0 and 0 < r["estimated_mfu"] < 1
+  # The real step (masking included) is priced directly, not on a twin.
+  assert "estimate_notes" not in r, r.get("estimate_notes")
   assert "HBM per device" in p.stdout and "implied MFU" in p.stdout
+
+
+def test_scanned_remat_step_is_priced_on_its_unrolled_twin(libtpu, tmp_path):
+  out = tmp_path / "aot.json"
+  p = _run(TINY + ["--config.model.num_hidden_layers=2", "--topology", "v5p:2x2x1",
+                   "--global_batch", "8", "--seq", "128", "--config.model.scan_layers=true",
+                   "--config.model.remat_policy=dots_saveable", "--json", str(out)], libtpu)
+  assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+  r = json.loads(out.read_text())
+  assert r["fits"] and r["config"]["scan_layers"] and r["estimated_step_s"] > 0
+  # XLA prices a loop body once: the estimate comes from the unrolled twin, and says so.
+  assert r["estimate_notes"] == [
+      "layers unrolled and no accumulation loop (XLA prices a loop body once)"]
+  assert "estimated on a twin of the step" in p.stdout
 
 
 def test_does_not_fit_exits_nonzero_with_a_clear_message(libtpu):

@@ -99,6 +99,13 @@ def test_params_are_really_sharded(tokenizer_cache):
   assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
   mu = state.opt_state[1][0].mu["encoder"]["encoder"]["layer_0"]["attention"]["query"]["kernel"]
   assert mu.sharding == q.sharding  # optimizer state follows its parameter
+  # The step is traced under the trainer's mesh, so the model's activation constraints
+  # are in the program (without a mesh context flax drops them silently).
+  from launch import aot
+  batch = aot.abstract_batch(c, c.data.global_batch, c.data.seq_len, setup.batch_sharding)
+  text = setup.train_step.lower(setup.abstract_state, batch).as_text()
+  assert '[{"data", "fsdp"}, {}, {"tensor"}, {}]' in text  # (batch, len, heads, kv)
+  assert '[{"data", "fsdp"}, {}, {"tensor"}]' in text  # the MLP's hidden activations
 
 
 def test_resume_is_bitwise_exact(tmp_path, tokenizer_cache):
