@@ -65,10 +65,11 @@ def model_defaults():
   m.initializer_range = 0.02
   m.heads = ("mlm", "nsp")  # subset of: pooler, mlm, nsp
   m.dtype = "auto"  # compute: auto (bf16 on TPU/GPU, f32 on CPU) | float32 | bfloat16
-  # xla | cudnn (jax.nn.dot_product_attention) | einsum (reference) | cpu (the reference's
-  # math laid out for XLA:CPU, ~2x faster there) | splash (Pallas TPU kernel; sequence
-  # length a multiple of 128, attention_probs_dropout_prob = 0)
-  m.attention_impl = "xla"
+  # auto (cpu on the CPU, xla elsewhere) | xla | cudnn (jax.nn.dot_product_attention) |
+  # einsum (reference) | cpu (the reference's math laid out for XLA:CPU, ~2x faster there)
+  # | splash (Pallas TPU kernel; sequence length a multiple of 128,
+  # attention_probs_dropout_prob = 0)
+  m.attention_impl = "auto"
   m.remat_policy = "none"  # none | full | dots_saveable | dots_with_no_batch_dims_saveable
   m.scan_layers = False  # nn.scan over layers: params stacked under encoder/layers (L, ...)
   m.vocab_pad_multiple = 1  # >1 pads the embedding table; padded rows are never predicted

@@ -37,6 +37,20 @@ def register_family(name: str):
   return wrap
 
 
+def resolve_auto(cfg, platform=None):
+  """Fills in the model settings left to "auto" for `platform` (default: JAX's default
+  backend), in place: `dtype` is bfloat16 on TPU/GPU and float32 on the CPU;
+  `attention_impl` is "cpu" (the layout XLA's CPU backend runs fastest) on the CPU and
+  "xla" (jax.nn.dot_product_attention) elsewhere. Splash on TPU stays opt-in: it needs a
+  sequence length that is a multiple of 128 and no attention-probability dropout."""
+  platform = platform or jax.default_backend()
+  if cfg.get("dtype") == "auto":
+    cfg.dtype = "float32" if platform == "cpu" else "bfloat16"
+  if cfg.get("attention_impl") == "auto":
+    cfg.attention_impl = "cpu" if platform == "cpu" else "xla"
+  return cfg
+
+
 def build(model_config):
   """model_config (ConfigDict, the `model` section) -> an unbound Flax module."""
   family = model_config.get("family", "bert")
@@ -44,8 +58,7 @@ def build(model_config):
     raise ValueError(f"unknown model family {family!r}; available: {sorted(_FAMILIES)}")
   cfg = ml_collections.ConfigDict(model_config.to_dict() if hasattr(model_config, "to_dict")
                                   else dict(model_config))
-  if cfg.get("dtype") == "auto":  # bf16 compute on TPU/GPU, f32 on the CPU
-    cfg.dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
+  resolve_auto(cfg)
   cfg = ml_collections.FrozenConfigDict(cfg)
   return _FAMILIES[family](config=cfg)
 

@@ -160,7 +160,7 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
   config.data.seq_len = seq
   if mesh_shape is not None:
     config.mesh.shape = tuple(mesh_shape)
-  bench.resolve_dtype(config, "tpu")  # "auto" means bf16 on the target, not on this host
+  bench.resolve_auto(config, "tpu")  # "auto" means what the target picks, not this host
   kind = getattr(devices[0], "device_kind", "")
   per_chip = cores_per_chip(devices)
   capacity = hbm_gib * 2**30 if hbm_gib else hbm_per_chip(kind)

@@ -279,11 +279,11 @@ def _stats(times, tokens, flops, peak, devices) -> Dict[str, Any]:
           "best_mfu": flops / best / (peak * devices) if peak else None}
 
 
-def resolve_dtype(config, platform: str):
-  """model.dtype "auto" -> the compute dtype `encoders.build` picks on `platform`
-  (bfloat16 on TPU/GPU, float32 on the CPU), made explicit for the run and the report."""
-  if config.model.dtype == "auto":
-    config.model.dtype = "float32" if platform == "cpu" else "bfloat16"
+def resolve_auto(config, platform: str):
+  """The model settings left to "auto" (dtype, attention_impl) -> what `encoders.build`
+  picks on `platform`, made explicit for the run and the report."""
+  from encoders import base
+  base.resolve_auto(config.model, platform)
   return config
 
 
@@ -293,7 +293,7 @@ def _config_copy(config, batch: int, seq: int):
   c = ml_collections.ConfigDict(config.to_dict())
   c.data.global_batch = batch
   c.data.seq_len = seq
-  return resolve_dtype(c, jax.devices()[0].platform)
+  return resolve_auto(c, jax.devices()[0].platform)
 
 
 # ---------------------------------------------------------------------------- ours

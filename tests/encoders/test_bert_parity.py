@@ -48,7 +48,7 @@ def test_parity_tiny_random(arch, prefixed, tmp_path):
   assert np.abs(ref["last_hidden_state"]).max() > 0.1  # the comparison is not vacuous
 
 
-@pytest.mark.parametrize("impl", ["einsum", "xla"])
+@pytest.mark.parametrize("impl", ["einsum", "xla", "cpu", "auto"])
 def test_parity_attention_impls(impl, tmp_path):
   hf = H.tiny_hf_model("BertForPreTraining", seed=3)
   hf.save_pretrained(tmp_path)

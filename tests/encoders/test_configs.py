@@ -1,5 +1,7 @@
-"""Every size variant has exactly the parameter count of the transformers model."""
+"""Every size variant has exactly the parameter count of the transformers model; "auto"
+settings resolve per platform."""
 import jax
+import ml_collections
 import numpy as np
 import pytest
 import torch
@@ -46,3 +48,19 @@ def test_config_arg_errors():
     bert_configs.get_config("huge")
   with pytest.raises(ValueError, match="nonsense"):
     bert_configs.get_config("tiny,nonsense=1")
+
+
+def test_auto_settings_follow_the_platform():
+  from encoders import base
+  cfg = bert_configs.get_config("tiny").model
+  assert cfg.dtype == "auto" and cfg.attention_impl == "auto"
+  built = encoders.build(cfg).config  # this host is a CPU
+  assert (built.dtype, built.attention_impl) == ("float32", "cpu")
+  for platform, want in [("tpu", ("bfloat16", "xla")), ("gpu", ("bfloat16", "xla")),
+                         ("cpu", ("float32", "cpu"))]:
+    c = base.resolve_auto(ml_collections.ConfigDict(cfg.to_dict()), platform)
+    assert (c.dtype, c.attention_impl) == want, platform
+  explicit = ml_collections.ConfigDict(cfg.to_dict())
+  explicit.dtype, explicit.attention_impl = "float32", "splash"
+  c = base.resolve_auto(explicit, "cpu")
+  assert (c.dtype, c.attention_impl) == ("float32", "splash")  # explicit choices stay
