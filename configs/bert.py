@@ -34,7 +34,7 @@ def get_config(arg="base"):
   c.data.packing = "pairs"
   c.data.seq_len = 128
   if a.variant == "tiny":
-    # The README's main job: ~10 minutes on a 2-core CPU on the embedded default corpus.
+    # The README's main job: ~5-7 minutes on a 2-core CPU on the embedded default corpus.
     c.tokenizer.vocab_size = 8000
     c.data.global_batch = 32
     c.optimizer.learning_rate = 1e-3

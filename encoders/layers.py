@@ -386,10 +386,12 @@ class MultiHeadAttention(nn.Module):
   computed by the family from `project` outputs and passed here, with `scale`);
   `rope_theta` applies rotary q/k at `positions`; the mask carries padding, segments and
   any local window. impl: "xla"/"cudnn" (jax.nn.dot_product_attention), "einsum"
-  (the reference every path is tested against), "splash" (the Pallas TPU kernel; takes
+  (the reference every path is tested against), "cpu" (`attention_head_major`, the
+  reference's math laid out for XLA's CPU backend), "splash" (the Pallas TPU kernel; takes
   the mask as a `SegmentMask`). `mask` is a (B,1|H,T,T) bool array or a `SegmentMask`.
-  Attention-probability dropout in training needs the probabilities, so the dense paths
-  then take the einsum path; splash refuses it (set attention_probs_dropout_prob=0).
+  Attention-probability dropout in training needs the probabilities: "cpu" applies it
+  itself, "xla"/"cudnn" then take the einsum path, and splash refuses it (set
+  attention_probs_dropout_prob=0).
   """
   num_heads: int
   head_dim: int
@@ -429,22 +431,22 @@ class MultiHeadAttention(nn.Module):
         raise ValueError("attention_impl='splash' needs the mask as a layers.SegmentMask "
                          "(segment ids), not a dense (T,T) mask")
       ctx = splash_attention(q, k, v, mask.segment_ids, scale)
-      ctx = constrain(ctx, ("act_batch", "act_len", "act_heads", "act_kv"))
-      return self.out(ctx)
-    if isinstance(mask, SegmentMask):
-      mask = mask.dense()
-    dropout_fn = (lambda p: self.attn_dropout(p, deterministic=False)) if use_dropout else None
-    if self.impl == "cpu":
-      ctx = attention_head_major(q, k, v, mask, bias, scale, dropout_fn)
-    elif self.impl == "einsum" or use_dropout or (bias is not None and scale is not None):
-      ctx = attention_scores_einsum(q, k, v, mask, bias, scale, dropout_fn)
-    elif self.impl in ("xla", "cudnn"):
-      ctx = jax.nn.dot_product_attention(
-          q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
-          scale=scale, implementation=self.impl)
     else:
-      raise ValueError(f"unknown attention impl {self.impl!r}; use xla, cudnn, einsum, cpu "
-                       "or splash")
+      if isinstance(mask, SegmentMask):
+        mask = mask.dense()
+      dropout_fn = ((lambda p: self.attn_dropout(p, deterministic=False)) if use_dropout
+                    else None)
+      if self.impl == "cpu":
+        ctx = attention_head_major(q, k, v, mask, bias, scale, dropout_fn)
+      elif self.impl == "einsum" or use_dropout or (bias is not None and scale is not None):
+        ctx = attention_scores_einsum(q, k, v, mask, bias, scale, dropout_fn)
+      elif self.impl in ("xla", "cudnn"):
+        ctx = jax.nn.dot_product_attention(
+            q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
+            scale=scale, implementation=self.impl)
+      else:
+        raise ValueError(f"unknown attention impl {self.impl!r}; use xla, cudnn, einsum, "
+                         "cpu or splash")
     ctx = constrain(ctx, ("act_batch", "act_len", "act_heads", "act_kv"))
     return self.out(ctx)
 

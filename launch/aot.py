@@ -117,19 +117,23 @@ def parse_mesh(text: str):
   return shape
 
 
+def row_sharded(shapes, batch_sharding):
+  """ShapeDtypeStructs of `shapes` (a dict of arrays or shape structs) with their rows
+  sharded like the trainer's batches and every other dim replicated."""
+  import jax
+  from launch import sharding
+  return {k: jax.ShapeDtypeStruct(v.shape, v.dtype,
+                                  sharding=sharding.row_sharding(batch_sharding, len(v.shape)))
+          for k, v in shapes.items()}
+
+
 def abstract_batch(config, batch: int, seq: int, batch_sharding):
   """ShapeDtypeStructs of a pipeline batch, rows sharded like the trainer's batches."""
   import jax
-  from jax.sharding import NamedSharding, PartitionSpec as P
   from launch import bench
   host = bench.full_batch(config, 1, seq)  # only the keys and dtypes are used
-  mesh, row_axes = batch_sharding.mesh, batch_sharding.spec[:1]
-  out = {}
-  for k, v in host.items():
-    spec = P(*row_axes, *([None] * (v.ndim - 1)))
-    out[k] = jax.ShapeDtypeStruct((batch,) + v.shape[1:], v.dtype,
-                                  sharding=NamedSharding(mesh, spec))
-  return out
+  shapes = {k: jax.ShapeDtypeStruct((batch,) + v.shape[1:], v.dtype) for k, v in host.items()}
+  return row_sharded(shapes, batch_sharding)
 
 
 def _cost(compiled) -> Dict[str, float]:
@@ -149,8 +153,8 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
                        mesh_shape: Optional[Sequence[int]] = None,
                        hbm_gib: Optional[float] = None) -> Dict[str, Any]:
   """Builds, lowers and compiles the train step for `topology`; returns the report."""
-  import jax
   import ml_collections
+  from encoders import base
   from launch import bench, flops, train
   topo = get_topology(topology)
   devices = list(topo.devices)
@@ -160,7 +164,7 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
   config.data.seq_len = seq
   if mesh_shape is not None:
     config.mesh.shape = tuple(mesh_shape)
-  bench.resolve_auto(config, "tpu")  # "auto" means what the target picks, not this host
+  base.resolve_auto(config.model, "tpu")  # "auto" means what the target picks, not this host
   kind = getattr(devices[0], "device_kind", "")
   per_chip = cores_per_chip(devices)
   capacity = hbm_gib * 2**30 if hbm_gib else hbm_per_chip(kind)
@@ -181,9 +185,7 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
       "global_batch": global_batch, "seq": seq, "config": bench._config_summary(config),
       "hbm_capacity_bytes": capacity, "peak_flops_per_device": peak}
   try:
-    with jax.set_mesh(setup.mesh):
-      lowered = setup.train_step.lower(setup.abstract_state, batch)
-    compiled = lowered.compile()
+    compiled = setup.train_step.lower(setup.abstract_state, batch).compile()
   except Exception as e:  # noqa: BLE001 - the compiler's OOM is a result, not a crash
     if _is_oom(e):
       report.update(fits=False, compile_error=str(e).strip().splitlines()[0][:500])
@@ -229,11 +231,9 @@ def _step_time_estimate(config, tok, devices, setup, batch, est, hlo):
   cost for; should that happen, the twin also does the objective's batch transform
   (masking: elementwise and sorts over (B, T), tiny next to the model) beforehand. The
   masking is written with gathers and scans only, so today's step is priced directly."""
-  import re
-  import jax
   import ml_collections
   from launch import train
-  loops = bool(re.search(r"\bwhile\(", hlo))
+  loops = _has_loop(hlo)
   if est is not None and est > 0 and not loops:
     return est, []
   notes = []
@@ -244,10 +244,7 @@ def _step_time_estimate(config, tok, devices, setup, batch, est, hlo):
     twin.optimizer.grad_accum_steps = 1
     price_setup = train.build(twin, tok, devices=devices)
     notes.append("layers unrolled and no accumulation loop (XLA prices a loop body once)")
-    with jax.set_mesh(price_setup.mesh):
-      compiled = price_setup.train_step.lower(price_setup.abstract_state, batch).compile()
-    est = _cost(compiled).get("optimal_seconds")
-    loops = "while(" in (compiled.as_text() or "")
+    est, loops = _price(price_setup, batch)
   if est is None or est <= 0:
     est, loops = _estimate_without_transform(price_setup, batch)
     notes.append("without the objective's batch transform, which XLA's TPU cost model "
@@ -255,6 +252,34 @@ def _step_time_estimate(config, tok, devices, setup, batch, est, hlo):
   if loops:
     notes.append("the priced program still has a loop: the estimate is a lower bound")
   return est, notes
+
+
+def _has_loop(hlo: str) -> bool:
+  import re
+  return bool(re.search(r"\bwhile\(", hlo or ""))
+
+
+def _price(setup, batch):
+  """XLA's cost-model time of `setup.train_step` on `batch`, and whether the compiled
+  program has a while loop."""
+  compiled = setup.train_step.lower(setup.abstract_state, batch).compile()
+  return _cost(compiled).get("optimal_seconds"), _has_loop(compiled.as_text())
+
+
+def _estimate_without_transform(setup, batch):
+  """`_price` of the train step with `objective.transform` done beforehand: the step is
+  traced with an identity transform on a batch shaped like the transform's output."""
+  import jax
+  objective = setup.objective
+  key = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
+  shapes = jax.eval_shape(
+      lambda b, k: objective.transform(b, jax.random.wrap_key_data(k)), batch, key)
+  pre = row_sharded(shapes, setup.batch_sharding)
+  objective.transform = lambda b, rng: b
+  try:
+    return _price(setup, pre)
+  finally:
+    del objective.transform
 
 
 def format_report(r: Dict[str, Any]) -> str:

@@ -279,21 +279,15 @@ def _stats(times, tokens, flops, peak, devices) -> Dict[str, Any]:
           "best_mfu": flops / best / (peak * devices) if peak else None}
 
 
-def resolve_auto(config, platform: str):
-  """The model settings left to "auto" (dtype, attention_impl) -> what `encoders.build`
-  picks on `platform`, made explicit for the run and the report."""
-  from encoders import base
-  base.resolve_auto(config.model, platform)
-  return config
-
-
 def _config_copy(config, batch: int, seq: int):
   import jax
   import ml_collections
+  from encoders import base
   c = ml_collections.ConfigDict(config.to_dict())
   c.data.global_batch = batch
   c.data.seq_len = seq
-  return resolve_auto(c, jax.devices()[0].platform)
+  base.resolve_auto(c.model, jax.devices()[0].platform)  # explicit in the run and report
+  return c
 
 
 # ---------------------------------------------------------------------------- ours
@@ -344,7 +338,8 @@ class Ours:
                              token_type_ids=b["token_type_ids"],
                              segment_ids=b["segment_ids"])
 
-      self.fn = jax.jit(forward, in_shardings=(shardings, self.batch_sharding))
+      self.fn = shard_lib.MeshJit(
+          self.mesh, jax.jit(forward, in_shardings=(shardings, self.batch_sharding)))
     else:
       raise ValueError(f"--mode must be forward or train, got {mode!r}")
 
@@ -362,13 +357,11 @@ class Ours:
     return tuple(b["input_ids"].shape)
 
   def compile(self, b):
-    import jax
     key = self._shape_key(b)
     if key not in self.compiled:
       t = time.perf_counter()
-      with jax.set_mesh(self.mesh):
-        args = (self.state, b) if self.mode == "train" else (self.params, b)
-        self.compiled[key] = self.fn.lower(*args).compile()
+      args = (self.state, b) if self.mode == "train" else (self.params, b)
+      self.compiled[key] = self.fn.lower(*args).compile()
       self.compile_s[key] = time.perf_counter() - t
       self.memory[key] = memory_bytes(self.compiled[key])
     return self.compiled[key]

@@ -79,8 +79,31 @@ def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
   return NamedSharding(mesh, P(axes))
 
 
+def row_sharding(sharding: NamedSharding, ndim: int) -> NamedSharding:
+  """For a batch array of `ndim` dims: rows split as `sharding` splits them (see
+  `batch_sharding`), every other dim replicated."""
+  return NamedSharding(sharding.mesh, P(*sharding.spec[:1], *([None] * (ndim - 1))))
+
+
 def global_batch(local: Dict[str, np.ndarray], sharding: NamedSharding):
   """This process's rows -> global jax.Arrays sharded over the mesh (multi-host safe)."""
-  return {k: jax.make_array_from_process_local_data(
-      NamedSharding(sharding.mesh, P(*sharding.spec[:1], *([None] * (v.ndim - 1)))), v)
+  return {k: jax.make_array_from_process_local_data(row_sharding(sharding, v.ndim), v)
           for k, v in local.items()}
+
+
+class MeshJit:
+  """A jitted step that is traced, lowered and called under `jax.set_mesh(mesh)`, so the
+  model's activation constraints (`nn.with_logical_constraint`) and per-shard kernels
+  (Splash through shard_map) see the trainer's mesh; without a mesh context they are
+  no-ops."""
+
+  def __init__(self, mesh, jitted):
+    self.mesh, self.jitted = mesh, jitted
+
+  def __call__(self, *args):
+    with jax.set_mesh(self.mesh):
+      return self.jitted(*args)
+
+  def lower(self, *args):
+    with jax.set_mesh(self.mesh):
+      return self.jitted.lower(*args)

@@ -59,24 +59,6 @@ class Setup:
   eval_step: Any  # jitted (state, batch) -> metric sums
 
 
-class MeshJit:
-  """A jitted step that is traced, lowered and called under `jax.set_mesh(mesh)`, so the
-  model's activation constraints (`nn.with_logical_constraint`) and per-shard kernels
-  (Splash through shard_map) see the trainer's mesh; without a mesh context they are
-  no-ops."""
-
-  def __init__(self, mesh, jitted):
-    self.mesh, self.jitted = mesh, jitted
-
-  def __call__(self, *args):
-    with jax.set_mesh(self.mesh):
-      return self.jitted(*args)
-
-  def lower(self, *args):
-    with jax.set_mesh(self.mesh):
-      return self.jitted.lower(*args)
-
-
 def build(config, tokenizer, devices=None) -> Setup:
   """Mesh, objective, optimizer, sharded state init, jitted train and eval steps."""
   mesh = shard_lib.make_mesh(config.mesh.shape, devices)
@@ -163,10 +145,10 @@ def build(config, tokenizer, devices=None) -> Setup:
     _, sums = objective.loss(state.params, batch, key, False)
     return sums
 
-  train_step = MeshJit(mesh, jax.jit(
+  train_step = shard_lib.MeshJit(mesh, jax.jit(
       with_rules(train_step), in_shardings=(state_shardings, batch_sharding),
       out_shardings=(state_shardings, replicated), donate_argnums=0))
-  eval_step = MeshJit(mesh, jax.jit(
+  eval_step = shard_lib.MeshJit(mesh, jax.jit(
       with_rules(eval_step), in_shardings=(state_shardings, batch_sharding),
       out_shardings=replicated))
   return Setup(config, mesh, objective, tx, schedule, state_shardings, abstract_state,

@@ -22,6 +22,14 @@ def _logits(model, params, ids, mask, types):
                      jnp.asarray(types))
 
 
+def _assert_export_reloads(model, params, hf, tmp_path, batch, ref):
+  """`encoders.to_hf` output loads in transformers and gives the reference MLM logits."""
+  encoders.to_hf(model, params, str(tmp_path / "out"))
+  back = type(hf).from_pretrained(str(tmp_path / "out")).eval()
+  np.testing.assert_allclose(H.torch_outputs(back, *batch)["mlm_logits"],
+                             ref["mlm_logits"], atol=1e-6)
+
+
 # ---------------------------------------------------------------------------- vocab padding
 
 
@@ -50,10 +58,7 @@ def test_vocab_padding_parity_and_padding_never_predicted(arch, tmp_path):
   assert int(np.asarray(out2.mlm_logits).argmax(-1).max()) < v
 
   # Export cuts the padding off again: transformers loads it and agrees.
-  encoders.to_hf(model, params, str(tmp_path / "out"))
-  back = type(hf).from_pretrained(str(tmp_path / "out")).eval()
-  np.testing.assert_allclose(H.torch_outputs(back, ids, mask, types)["mlm_logits"],
-                             ref["mlm_logits"], atol=1e-6)
+  _assert_export_reloads(model, params, hf, tmp_path, (ids, mask, types), ref)
 
 
 def test_vocab_padding_gets_no_gradient_from_the_mlm_loss():
@@ -90,10 +95,7 @@ def test_scan_layers_hf_parity_and_roundtrip(arch, tmp_path):
   np.testing.assert_allclose(np.asarray(out.last_hidden_state)[real],
                              ref["last_hidden_state"][real], atol=ATOL)
   np.testing.assert_allclose(np.asarray(out.mlm_logits), ref["mlm_logits"], atol=ATOL)
-  encoders.to_hf(model, params, str(tmp_path / "out"))
-  back = type(hf).from_pretrained(str(tmp_path / "out")).eval()
-  np.testing.assert_allclose(H.torch_outputs(back, ids, mask, types)["mlm_logits"],
-                             ref["mlm_logits"], atol=1e-6)
+  _assert_export_reloads(model, params, hf, tmp_path, (ids, mask, types), ref)
 
 
 def test_scan_layers_with_remat_matches_unrolled_values_and_grads():

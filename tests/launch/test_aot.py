@@ -99,3 +99,29 @@ def test_mesh_flag_parsing_and_tables():
   assert aot.hbm_per_chip("TPU v5 lite") == 16 * 2**30
   assert aot.hbm_per_chip("TPU v6 lite") == 32 * 2**30
   assert aot.hbm_per_chip("Banana v1") is None
+
+
+def test_fallback_twin_prices_the_step_with_the_transform_done_beforehand():
+  # The fallback for programs XLA's cost model cannot price, run on this host's CPU
+  # devices (no libtpu): the step is lowered on the transform's output shapes with an
+  # identity transform, and the objective's own transform is back afterwards.
+  import jax
+  from configs import bert as bert_configs
+  from launch import bench, train
+  c = bert_configs.get_config("tiny").unlock()
+  c.model.num_hidden_layers, c.model.vocab_size = 1, 512
+  c.data.global_batch, c.data.seq_len, c.mesh.shape = 4, 32, (2, 1, 1)
+  tok = bench.SyntheticTokenizer.for_model(c.model)
+  devices = jax.devices()[:2]
+  setup = train.build(c, tok, devices=devices)
+  batch = aot.abstract_batch(c, 4, 32, setup.batch_sharding)
+  before = setup.objective.transform
+  est, notes = aot._step_time_estimate(c, tok, devices, setup, batch, None, "")
+  assert notes[0] == ("without the objective's batch transform, which XLA's TPU cost "
+                      "model could not price")
+  # (XLA:CPU lowers JAX's threefry key derivation as a while loop, hence maybe this note.)
+  assert set(notes[1:]) <= {"the priced program still has a loop: the estimate is a lower "
+                            "bound"}
+  assert setup.objective.transform == before  # the identity stand-in is gone again
+  assert "mlm_weights" in setup.objective.transform(
+      bench.full_batch(c, 4, 32), jax.random.PRNGKey(0))
