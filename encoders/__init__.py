@@ -8,18 +8,19 @@
 import importlib
 import pkgutil
 
-from encoders.base import EncoderOutput, build, register_family, validate_inputs
+from encoders.base import (EncoderOutput, build, family_defaults, forward_flops,
+                           register_family, validate_inputs)
 
 # Every family module registers itself; importing them all here means a new family is only
 # its own file (and its HF mapping under encoders/hf/), with no list to edit.
 for _info in pkgutil.iter_modules(__path__):
-  if _info.name not in ("base", "layers", "heads", "hf"):
+  if _info.name not in ("base", "layers", "heads", "hf", "model"):
     importlib.import_module(f"encoders.{_info.name}")
 
 from encoders.hf import from_hf, to_hf, hf_config  # noqa: E402
 
 __all__ = ["EncoderOutput", "build", "from_hf", "to_hf", "hf_config", "register_family",
-           "validate_inputs", "init_params"]
+           "validate_inputs", "init_params", "family_defaults", "forward_flops"]
 
 
 def init_params(model, rng, batch_size=1, length=8):

@@ -30,11 +30,32 @@ _FAMILIES: Dict[str, Callable] = {}
 
 
 def register_family(name: str):
-  """Class decorator: `encoders.build(config)` dispatches on config.family."""
+  """Class decorator: `encoders.build(config)` dispatches on config.family. A family
+  class gives `defaults()` (its model config section) and `forward_flops(cfg, seq_len,
+  mlm_positions=None)` as static methods."""
   def wrap(cls):
     _FAMILIES[name] = cls
     return cls
   return wrap
+
+
+def family(name: str):
+  if name not in _FAMILIES:
+    raise ValueError(f"unknown model family {name!r}; available: {sorted(_FAMILIES)}")
+  return _FAMILIES[name]
+
+
+def family_defaults(name: str):
+  """The model config section of family `name`, with its defaults."""
+  return family(name).defaults()
+
+
+def forward_flops(model_config, seq_len: int, mlm_positions=None) -> float:
+  """Forward FLOPs of ONE sequence of `seq_len` tokens (2 per multiply-add), counted by the
+  family: every matmul, full bidirectional attention (local windows and relative terms as
+  the family computes them), the MLM head over `mlm_positions` positions (None: all)."""
+  return family(model_config.get("family", "bert")).forward_flops(
+      model_config, seq_len, mlm_positions)
 
 
 def resolve_auto(cfg, platform=None):
@@ -53,14 +74,12 @@ def resolve_auto(cfg, platform=None):
 
 def build(model_config):
   """model_config (ConfigDict, the `model` section) -> an unbound Flax module."""
-  family = model_config.get("family", "bert")
-  if family not in _FAMILIES:
-    raise ValueError(f"unknown model family {family!r}; available: {sorted(_FAMILIES)}")
+  cls = family(model_config.get("family", "bert"))
   cfg = ml_collections.ConfigDict(model_config.to_dict() if hasattr(model_config, "to_dict")
                                   else dict(model_config))
   resolve_auto(cfg)
   cfg = ml_collections.FrozenConfigDict(cfg)
-  return _FAMILIES[family](config=cfg)
+  return cls(config=cfg)
 
 
 def padded_vocab_size(cfg) -> int:

@@ -1,21 +1,102 @@
-"""BERT (Devlin et al. 2019) and RoBERTa (Liu et al. 2019) as one module.
+"""BERT (Devlin et al. 2019) and RoBERTa (Liu et al. 2019) on the generic encoder.
 
 RoBERTa is a configuration: `position_style="roberta"` numbers positions from
 pad_token_id + 1, `type_vocab_size=1`, layer_norm_eps=1e-5, no NSP head.
 """
 import functools
 
-import flax.linen as nn
 import jax.numpy as jnp
+import ml_collections
 
-from encoders import base, heads, layers
+from encoders import base, heads, layers, model
+
+
+def defaults() -> ml_collections.ConfigDict:
+  """The model section of a BERT config; HF's names where they exist. Shared fields of
+  every family (dtype, attention_impl, remat_policy, scan_layers, vocab_pad_multiple)
+  are documented here once."""
+  m = ml_collections.ConfigDict()
+  m.family = "bert"
+  m.variant = ""
+  m.vocab_size = 30522
+  m.hidden_size = 768
+  m.num_hidden_layers = 12
+  m.num_attention_heads = 12
+  m.intermediate_size = 3072
+  m.hidden_act = "gelu"
+  m.hidden_dropout_prob = 0.1
+  m.attention_probs_dropout_prob = 0.1
+  m.max_position_embeddings = 512
+  m.type_vocab_size = 2
+  m.layer_norm_eps = 1e-12
+  m.pad_token_id = 0
+  # RoBERTa numbers positions from pad_token_id + 1 (HF's create_position_ids_from_input_ids).
+  m.position_style = "absolute"  # absolute | roberta
+  m.initializer_range = 0.02
+  m.heads = ("mlm", "nsp")  # subset of: pooler, mlm, nsp
+  m.dtype = "auto"  # compute: auto (bf16 on TPU/GPU, f32 on CPU) | float32 | bfloat16
+  # auto (cpu on the CPU, xla elsewhere) | xla | cudnn (jax.nn.dot_product_attention) |
+  # einsum (reference) | cpu (the reference's math laid out for XLA:CPU, ~2x faster there)
+  # | splash (Pallas TPU kernel; sequence length a multiple of 128,
+  # attention_probs_dropout_prob = 0)
+  m.attention_impl = "auto"
+  m.remat_policy = "none"  # none | full | dots_saveable | dots_with_no_batch_dims_saveable
+  m.scan_layers = False  # nn.scan over layers: params stacked under encoder/layers (L, ...)
+  m.vocab_pad_multiple = 1  # >1 pads the embedding table; padded rows are never predicted
+  return m
+
+
+def layer_flops(t: int, d: int, f: int, gated: bool = False) -> int:
+  """One post/pre-LN transformer layer on T tokens: q,k,v,out projections 4 * 2TD^2; the
+  full bidirectional T x T attention QK^T and probs @ V, 2 * 2T^2D; the MLP 2TDF x 2 (x 3
+  gated)."""
+  return 4 * 2 * t * d * d + 2 * 2 * t * t * d + 2 * t * d * f * (3 if gated else 2)
+
+
+def head_flops(cfg, t: int, d: int, e: int, mlm_positions=None) -> int:
+  """Pooler 2D^2 (+ the pair classifier 2D*2) once per sequence; the MLM head over the P
+  positions it runs on: transform 2PDE + decoder 2PEV (V the real vocabulary)."""
+  heads = set(cfg.heads)
+  total = 0
+  if heads & {"pooler", "nsp", "sop"}:
+    total += 2 * d * d + (2 * d * 2 if heads & {"nsp", "sop"} else 0)
+  if "mlm" in heads:
+    p = t if mlm_positions is None else mlm_positions
+    total += p * (2 * d * e + 2 * e * cfg.vocab_size)
+  return total
+
+
+def forward_flops(cfg, seq_len: int, mlm_positions=None) -> float:
+  """Forward FLOPs of one sequence (2 per multiply-add; element-wise work not counted)."""
+  t, d = seq_len, cfg.hidden_size
+  total = cfg.num_hidden_layers * layer_flops(t, d, cfg.intermediate_size)
+  return float(total + head_flops(cfg, t, d, d, mlm_positions))
+
+
+def attention_factory(c, dtype):
+  return functools.partial(
+      layers.MultiHeadAttention, num_heads=c.num_attention_heads,
+      head_dim=c.hidden_size // c.num_attention_heads, hidden_size=c.hidden_size,
+      dropout_rate=c.attention_probs_dropout_prob, impl=c.attention_impl,
+      init_std=c.initializer_range, dtype=dtype)
+
+
+def post_ln_block(c, dtype):
+  """BERT's post-LN layer (also ALBERT's): a block factory."""
+  mlp = functools.partial(layers.Mlp, c.intermediate_size, c.hidden_size, c.hidden_act,
+                          init_std=c.initializer_range, dtype=dtype)
+  norm = functools.partial(layers.LayerNorm, c.layer_norm_eps, dtype=dtype)
+  block_cls = layers.remat_block(layers.EncoderBlock, c.remat_policy)
+  return functools.partial(block_cls, attention_factory(c, dtype), mlp, norm,
+                           dropout_rate=c.hidden_dropout_prob)
 
 
 @base.register_family("bert")
-class Bert(nn.Module):
-  """input_ids (B,T) [+ attention_mask, token_type_ids, segment_ids, position_ids] ->
-  EncoderOutput. `masked_positions` (B,M) computes the MLM head only at those positions."""
-  config: object
+class Bert(model.Encoder):
+  """BERT / RoBERTa: learned absolute positions, token types, post-LN GELU layers, MLM
+  head tied to the word embeddings, NSP on the tanh pooler."""
+  defaults = staticmethod(defaults)
+  forward_flops = staticmethod(forward_flops)
 
   def position_offset(self) -> int:
     return self.config.pad_token_id + 1 if self.config.position_style == "roberta" else 0
@@ -23,70 +104,28 @@ class Bert(nn.Module):
   def max_length(self) -> int:
     return self.config.max_position_embeddings - self.position_offset()
 
-  def setup(self):
+  def position_ids(self, input_ids, segment_ids):
+    c = self.config
+    if segment_ids is None and c.position_style == "roberta":
+      # HF's create_position_ids_from_input_ids: pads sit at pad_token_id.
+      real = (input_ids != c.pad_token_id).astype(jnp.int32)
+      return jnp.cumsum(real, axis=1) * real + c.pad_token_id
+    return super().position_ids(input_ids, segment_ids) + self.position_offset()
+
+  def parts(self) -> model.Parts:
     c = self.config
     dtype = layers.dtype_from_name(c.dtype)
     std = c.initializer_range
-    self.embeddings = layers.Embeddings(
-        vocab_size=base.padded_vocab_size(c),
-        embedding_size=c.hidden_size, max_position_embeddings=c.max_position_embeddings,
-        type_vocab_size=c.type_vocab_size, layer_norm_eps=c.layer_norm_eps,
-        dropout_rate=c.hidden_dropout_prob, init_std=std, dtype=dtype)
-    head_dim = c.hidden_size // c.num_attention_heads
-    attention = functools.partial(
-        layers.MultiHeadAttention, num_heads=c.num_attention_heads, head_dim=head_dim,
-        hidden_size=c.hidden_size, dropout_rate=c.attention_probs_dropout_prob,
-        impl=c.attention_impl, init_std=std, dtype=dtype)
-    mlp = functools.partial(layers.Mlp, c.intermediate_size, c.hidden_size, c.hidden_act,
-                            init_std=std, dtype=dtype)
-    norm = functools.partial(layers.LayerNorm, c.layer_norm_eps, dtype=dtype)
-    block_cls = layers.remat_block(layers.EncoderBlock, c.remat_policy)
-    block = lambda i: functools.partial(block_cls, attention, mlp, norm,
-                                        dropout_rate=c.hidden_dropout_prob)
-    self.encoder = layers.Encoder(c.num_hidden_layers, block,
-                                  scan=c.get("scan_layers", False))
-    if "pooler" in c.heads or "nsp" in c.heads:
-      self.pooler = heads.Pooler(c.hidden_size, std, dtype)
-    if "mlm" in c.heads:
-      self.mlm = heads.MlmHead(c.vocab_size, c.hidden_size, c.hidden_act, c.layer_norm_eps,
-                               std, dtype)
-    if "nsp" in c.heads:
-      self.nsp = heads.Classifier(2, std, dtype)
-
-  def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *,
-               segment_ids=None, position_ids=None, masked_positions=None,
-               deterministic=True):
-    c = self.config
-    base.validate_inputs(c, input_ids, attention_mask, token_type_ids, segment_ids,
-                         position_ids, max_length=self.max_length())
-    input_ids = input_ids.astype(jnp.int32)
-    if attention_mask is None:
-      attention_mask = (segment_ids > 0) if segment_ids is not None else jnp.ones_like(input_ids)
-    if token_type_ids is None:
-      token_type_ids = jnp.zeros_like(input_ids)
-    if position_ids is None:
-      if segment_ids is not None:
-        position_ids = base.positions_in_segments(segment_ids) + self.position_offset()
-      elif c.position_style == "roberta":
-        # HF's create_position_ids_from_input_ids: pads sit at pad_token_id.
-        real = (input_ids != c.pad_token_id).astype(jnp.int32)
-        position_ids = jnp.cumsum(real, axis=1) * real + c.pad_token_id
-      else:
-        position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
-    x = self.embeddings(input_ids, position_ids, token_type_ids, deterministic)
-    if c.attention_impl == "splash":  # segment ids straight to the kernel, no (T,T) mask
-      mask = layers.segment_mask(attention_mask, segment_ids)
-    else:
-      mask = layers.make_attention_mask(attention_mask, segment_ids)
-    x = self.encoder(x, mask, None, None, None, deterministic)
-    out = {"last_hidden_state": x}
-    if "pooler" in c.heads or "nsp" in c.heads:
-      out["pooler_output"] = self.pooler(x)
-    if "nsp" in c.heads:
-      out["nsp_logits"] = self.nsp(out["pooler_output"])
-    if "mlm" in c.heads:
-      h = x if masked_positions is None else jnp.take_along_axis(
-          x, masked_positions[..., None].astype(jnp.int32), axis=1)
-      logits = self.mlm(h, self.embeddings.attend)
-      out["mlm_logits"] = logits[..., :c.vocab_size]
-    return base.EncoderOutput(**out)
+    block = post_ln_block(c, dtype)
+    return model.Parts(
+        embeddings=functools.partial(
+            layers.Embeddings, vocab_size=base.padded_vocab_size(c),
+            embedding_size=c.hidden_size, max_position_embeddings=c.max_position_embeddings,
+            type_vocab_size=c.type_vocab_size, layer_norm_eps=c.layer_norm_eps,
+            dropout_rate=c.hidden_dropout_prob, init_std=std, dtype=dtype),
+        stack=functools.partial(layers.Stack, c.num_hidden_layers, lambda i: block,
+                                scan=c.get("scan_layers", False)),
+        heads={"pooler": functools.partial(heads.Pooler, c.hidden_size, std, dtype),
+               "mlm": functools.partial(heads.MlmHead, c.vocab_size, c.hidden_size,
+                                        c.hidden_act, c.layer_norm_eps, std, dtype),
+               "nsp": functools.partial(heads.Classifier, 2, std, dtype)})

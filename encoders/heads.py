@@ -8,10 +8,13 @@ from encoders import layers
 
 
 class MlmHead(nn.Module):
-  """(B,T,D) -> (B,T,V): dense, activation, LayerNorm, tied decoder `decode` (+ bias).
+  """(B,T,D) -> (B,T,V): dense to `transform_size`, activation, LayerNorm, tied decoder
+  `decode` (+ bias), cut to the real `vocab_size`.
 
   `decode` maps (..., E) to vocabulary logits, usually the word embeddings' `attend`, so
   the decoder weight is the embedding table (BERT, RoBERTa, ALBERT, ELECTRA's generator).
+  Rows the embedding table pads past `vocab_size` (vocab_pad_multiple) are decoded, with
+  their bias, but cut from the logits, so they are never predicted.
   """
   vocab_size: int
   transform_size: int
@@ -28,7 +31,7 @@ class MlmHead(nn.Module):
     h = layers.LayerNorm(self.layer_norm_eps, dtype=self.dtype, name="norm")(h)
     logits = decode(h)
     bias = self.param("bias", layers.zeros_init(("vocab",)), (logits.shape[-1],), jnp.float32)
-    return logits + bias.astype(logits.dtype)
+    return (logits + bias.astype(logits.dtype))[..., :self.vocab_size]
 
 
 class Pooler(nn.Module):

@@ -81,17 +81,98 @@ def test_remat_keeps_values_and_grads(policy):
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-def test_layer_sharing_reuses_parameters():
+def _toy_block(i=0, rate=0.0):
   import functools
+  attn = functools.partial(layers.MultiHeadAttention, num_heads=2, head_dim=4, hidden_size=8,
+                           impl="einsum", dropout_rate=rate)
+  mlp = functools.partial(layers.Mlp, 16 + 4 * i, 8)
+  return functools.partial(layers.EncoderBlock, attn, mlp, layers.LayerNorm,
+                           dropout_rate=rate)
+
+
+def _toy_inputs(b=2, t=5):
+  mask = jnp.ones((b, t), jnp.int32).at[1, 3:].set(0)
+  return layers.AttentionInputs(mask=layers.make_attention_mask(mask))
+
+
+def _init_apply(stack, x, inputs, params=None, rng=None):
   import flax.linen as nn
-  attn = functools.partial(layers.MultiHeadAttention, num_heads=2, head_dim=4, hidden_size=8)
-  mlp = functools.partial(layers.Mlp, 16, 8)
-  block = lambda i: functools.partial(layers.EncoderBlock, attn, mlp, layers.LayerNorm)
-  enc = layers.Encoder(4, block, layer_to_param=(0, 0, 0, 0))
-  x = jnp.ones((1, 3, 8))
-  mask = layers.make_attention_mask(jnp.ones((1, 3), jnp.int32))
-  params = nn.unbox(enc.init(jax.random.PRNGKey(0), x, mask))["params"]
+  if params is None:
+    params = nn.unbox(stack.init(jax.random.PRNGKey(0), x, inputs))["params"]
+  rngs = {"dropout": rng} if rng is not None else {}
+  return params, stack.apply({"params": params}, x, inputs, rng is None, rngs=rngs)
+
+
+def test_layer_sharing_reuses_parameters():
+  enc = layers.Stack(4, _toy_block, layer_to_param=(0, 0, 0, 0))
+  params, _ = _init_apply(enc, jnp.ones((2, 5, 8)), _toy_inputs())
   assert list(params) == ["layer_0"]
+
+
+@pytest.mark.parametrize("mapping", [(0, 0, 0, 0), (0, 0, 1, 1), (0, 1, 1, 0)])
+def test_scan_over_shared_parameters_matches_the_loop(mapping):
+  """ALBERT's sharing under scan: runs of layers that share a set are one nn.scan with the
+  set's params broadcast; values, grads and dropout-free outputs equal the plain loop."""
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 8))
+  inputs = _toy_inputs()
+  loop = layers.Stack(4, _toy_block, layer_to_param=mapping, param_name="group")
+  scan = layers.Stack(4, _toy_block, layer_to_param=mapping, param_name="group", scan=True)
+  params, ref = _init_apply(loop, x, inputs)
+  params2, _ = _init_apply(scan, x, inputs)
+  assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape, params2)
+  assert sorted(params) == [f"group_{j}" for j in sorted(set(mapping))]
+  _, got = _init_apply(scan, x, inputs, params)
+  np.testing.assert_allclose(got, ref, atol=1e-5)
+  loss = lambda m: (lambda p: (m.apply({"params": p}, x, inputs) ** 2).sum())
+  g1, g2 = jax.grad(loss(loop))(params), jax.grad(loss(scan))(params)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+    np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+  # Dropout differs per layer inside a shared scan (the rngs are split per iteration).
+  scan_drop = layers.Stack(4, lambda i: _toy_block(i, 0.3), layer_to_param=mapping,
+                           param_name="group", scan=True)
+  _, a = _init_apply(scan_drop, x, inputs, params, jax.random.PRNGKey(2))
+  _, b = _init_apply(scan_drop, x, inputs, params, jax.random.PRNGKey(3))
+  assert np.abs(np.asarray(a) - np.asarray(b)).max() > 1e-3
+
+
+@pytest.mark.parametrize("num_layers", [6, 7])
+def test_scan_over_a_period_of_different_blocks_matches_unrolled(num_layers):
+  """A repeating period of different blocks (ModernBERT's global, local, local) scans as
+  one unit; the L % period layers left over run after it; stacking converts the params."""
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 8))
+  inputs = _toy_inputs()
+  block = lambda i: _toy_block(i % 3)  # three different MLP widths
+  plain = layers.Stack(num_layers, block)
+  scan = layers.Stack(num_layers, block, scan=True, period=3)
+  params, ref = _init_apply(plain, x, inputs)
+  stacked = layers.stack_layer_params(params, num_layers, period=3)
+  assert stacked["layers"]["layer_1"]["mlp"]["wi"]["kernel"].shape == (2, 8, 20)
+  assert ("layer_6" in stacked) == (num_layers == 7)
+  _, got = _init_apply(scan, x, inputs, stacked)
+  np.testing.assert_allclose(got, ref, atol=1e-5)
+  back = layers.unstack_layer_params(stacked, period=3)
+  for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_dropout_counters_never_repeat_past_one_word():
+  """Each element gets a distinct (low, high) counter pair even when the tensor has more
+  elements than one counter word (2^32; a small word here), and below one word the
+  counter is the flat index (the counter of jax.random.bits)."""
+  from encoders.layers import dropout
+  low, high = dropout.counters((3, 5, 7), word=40)  # 105 elements > 40: batch dim goes high
+  pairs = set(zip(np.asarray(low).ravel().tolist(), np.asarray(high).ravel().tolist()))
+  assert len(pairs) == 105 and int(np.asarray(low).max()) < 40
+  low, high = dropout.counters((3, 5, 7))
+  np.testing.assert_array_equal(np.asarray(low).ravel(), np.arange(105))
+  assert not np.asarray(high).any()
+  # BERT-large attention dropout at 1k rows x 512 tokens: 2^32 elements, batch goes high.
+  assert dropout.counter_split((1024, 16, 512, 512)) == 1
+  from jax.extend.random import threefry2x32_p
+  key = jnp.array([7, 9], jnp.uint32)
+  i = jnp.arange(24, dtype=jnp.uint32)
+  want = threefry2x32_p.bind(key[0], key[1], i, jnp.zeros_like(i))[0].reshape(4, 6)
+  np.testing.assert_array_equal(layers.random_bits(key, (4, 6)), want)
 
 
 def test_rotary_preserves_norm_and_relative_property():

@@ -181,8 +181,9 @@ def test_splash_kernel_matches_einsum_on_packed_rows():
 
 
 def test_splash_model_path_keeps_packed_documents_apart(monkeypatch):
-  monkeypatch.setattr(layers, "splash_attention",
-                      functools.partial(layers.splash_attention, interpret=True))
+  from encoders.layers import kernels
+  monkeypatch.setattr(kernels, "splash_attention",
+                      functools.partial(kernels.splash_attention, interpret=True))
   cfg = bert_configs.get_config("tiny").model.unlock()
   cfg.dtype, cfg.num_hidden_layers, cfg.attention_probs_dropout_prob = "float32", 1, 0.0
   xla = encoders.build(cfg)
@@ -218,7 +219,8 @@ def test_splash_refuses_what_it_cannot_do():
   attn = layers.MultiHeadAttention(2, 4, 8, impl="splash")
   x = jnp.ones((1, 128, 8))
   with pytest.raises(ValueError, match="SegmentMask"):
-    attn.init(jax.random.PRNGKey(0), x, layers.make_attention_mask(jnp.ones((1, 128))))
+    attn.init(jax.random.PRNGKey(0), x,
+              layers.AttentionInputs(mask=layers.make_attention_mask(jnp.ones((1, 128)))))
 
 
 # ---------------------------------------------------------------------------- MLM positions

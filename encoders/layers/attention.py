@@ -1,0 +1,96 @@
+"""Multi-head self-attention over the shared kernels, reading its per-layer inputs from an
+`AttentionInputs` struct."""
+import functools
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from encoders.layers import kernels
+from encoders.layers.core import Dense, Dtype, constrain
+from encoders.layers.dropout import Dropout
+from encoders.layers.masks import AttentionInputs, SegmentMask
+
+Array = jax.Array
+IMPLS = ("xla", "cudnn", "einsum", "cpu", "splash")
+
+
+class MultiHeadAttention(nn.Module):
+  """x (B,T,D), inputs: AttentionInputs -> (B,T,D).
+
+  Reads from `inputs`: the mask of kind `mask_kind` ("global" or "local"), `positions`
+  (rotary q/k when `rope_theta` is set), `bias` (an additive score term), and `query` (a
+  separate query stream; keys and values stay from x). `scale` overrides 1/sqrt(K).
+  impl: "xla"/"cudnn" (jax.nn.dot_product_attention), "einsum" (the reference every path
+  is tested against), "cpu" (`kernels.attention_head_major`, the reference's math laid
+  out for XLA's CPU backend), "splash" (the Pallas TPU kernel; the mask must be a
+  `SegmentMask`). Attention-probability dropout in training needs the probabilities:
+  "cpu" applies it itself, "xla"/"cudnn" then take the einsum path, and splash refuses it
+  (set attention_probs_dropout_prob=0).
+  """
+  num_heads: int
+  head_dim: int
+  hidden_size: int
+  use_bias: bool = True
+  dropout_rate: float = 0.0
+  rope_theta: Optional[float] = None
+  mask_kind: str = "global"
+  scale: Optional[float] = None
+  impl: str = "xla"
+  init_std: float = 0.02
+  dtype: Dtype = jnp.float32
+
+  def setup(self):
+    proj = functools.partial(Dense, (self.num_heads, self.head_dim), ("embed", "heads", "kv"),
+                             use_bias=self.use_bias, init_std=self.init_std, dtype=self.dtype)
+    self.query, self.key, self.value = proj(name="query"), proj(name="key"), proj(name="value")
+    self.out = Dense((self.hidden_size,), ("heads", "kv", "embed"), use_bias=self.use_bias,
+                     init_std=self.init_std, dtype=self.dtype)
+    self.attn_dropout = Dropout(self.dropout_rate)
+
+  def project(self, x: Array, query: Optional[Array] = None):
+    """(B,T,D) -> q, k, v each (B,T,H,K); q from `query` when given."""
+    axes = ("act_batch", "act_len", "act_heads", "act_kv")
+    q_in = x if query is None else query
+    return tuple(constrain(p(y), axes) for p, y in
+                 ((self.query, q_in), (self.key, x), (self.value, x)))
+
+  def __call__(self, x, inputs: AttentionInputs, deterministic: bool = True):
+    q, k, v = self.project(x, inputs.query)
+    if self.rope_theta is not None:
+      q = kernels.rotary(q, inputs.positions, self.rope_theta)
+      k = kernels.rotary(k, inputs.positions, self.rope_theta)
+    ctx = self.attend(q, k, v, inputs.mask_of(self.mask_kind), inputs.bias, deterministic)
+    return self.out(ctx)
+
+  def attend(self, q, k, v, mask, bias=None, deterministic=True):
+    """q, k, v (B,T,H,K) -> context (B,T,H,K) on the configured kernel."""
+    scale = self.scale
+    use_dropout = not deterministic and self.dropout_rate > 0.0
+    if self.impl == "splash":
+      if use_dropout:
+        raise ValueError("attention_impl='splash' has no attention-probability dropout; set "
+                         "attention_probs_dropout_prob=0 (or use attention_impl='xla')")
+      if bias is not None:
+        raise ValueError("attention_impl='splash' takes no additive score bias")
+      if not isinstance(mask, SegmentMask):
+        raise ValueError("attention_impl='splash' needs the mask as a layers.SegmentMask "
+                         "(segment ids), not a dense (T,T) mask")
+      ctx = kernels.splash_attention(q, k, v, mask.segment_ids, scale)
+    else:
+      if isinstance(mask, SegmentMask):
+        mask = mask.dense()
+      dropout_fn = ((lambda p: self.attn_dropout(p, deterministic=False)) if use_dropout
+                    else None)
+      if self.impl == "cpu":
+        ctx = kernels.attention_head_major(q, k, v, mask, bias, scale, dropout_fn)
+      elif self.impl == "einsum" or use_dropout or (bias is not None and scale is not None):
+        ctx = kernels.attention_scores_einsum(q, k, v, mask, bias, scale, dropout_fn)
+      elif self.impl in ("xla", "cudnn"):
+        ctx = jax.nn.dot_product_attention(
+            q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
+            scale=scale, implementation=self.impl)
+      else:
+        raise ValueError(f"unknown attention impl {self.impl!r}; use one of {IMPLS}")
+    return constrain(ctx, ("act_batch", "act_len", "act_heads", "act_kv"))

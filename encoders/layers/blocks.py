@@ -1,0 +1,80 @@
+"""The MLP and the transformer block, composed of injected parts (flaxformer style)."""
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from encoders.layers.core import Dense, Dtype, activation, constrain
+from encoders.layers.dropout import Dropout
+from encoders.layers.masks import AttentionInputs
+
+
+class Mlp(nn.Module):
+  """(B,T,D) -> (B,T,D): act(x W_in) W_out, or GeGLU act(x W_a) * (x W_g) W_out when gated."""
+  intermediate_size: int
+  hidden_size: int
+  act: str = "gelu"
+  gated: bool = False
+  use_bias: bool = True
+  init_std: float = 0.02
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    width = self.intermediate_size * (2 if self.gated else 1)
+    h = Dense((width,), ("embed", "mlp"), self.use_bias, self.init_std, self.dtype,
+              name="wi")(x)
+    h = constrain(h, ("act_batch", "act_len", "act_mlp"))
+    if self.gated:
+      h, gate = jnp.split(h, 2, axis=-1)
+      h = activation(self.act)(h) * gate
+    else:
+      h = activation(self.act)(h)
+    return Dense((self.hidden_size,), ("mlp", "embed"), self.use_bias, self.init_std,
+                 self.dtype, name="wo")(h)
+
+
+class EncoderBlock(nn.Module):
+  """One transformer layer: x (B,T,D), inputs: AttentionInputs -> (B,T,D).
+
+  post-LN (BERT, ALBERT): x = LN(x + drop(attn(x))); x = LN(x + drop(mlp(x))).
+  pre-LN (ModernBERT): x = x + attn(LN(x)); x = x + mlp(LN(x)); the first layer's attention
+  norm may be absent (`attention_norm=False`).
+  `attention`, `mlp` and `norm` are factories (e.g. functools.partial of a module class);
+  the attention module is called as attention(h, inputs, deterministic).
+  """
+  attention: Callable[..., nn.Module]
+  mlp: Callable[..., nn.Module]
+  norm: Callable[..., nn.Module]
+  pre_norm: bool = False
+  attention_norm: bool = True
+  dropout_rate: float = 0.0
+
+  @nn.compact
+  def __call__(self, x, inputs: AttentionInputs, deterministic: bool = True):
+    drop = Dropout(self.dropout_rate)
+    attn = self.attention(name="attention")
+    if self.pre_norm:
+      h = self.norm(name="attention_norm")(x) if self.attention_norm else x
+      x = x + drop(attn(h, inputs, deterministic), deterministic)
+      x = x + drop(self.mlp(name="mlp")(self.norm(name="mlp_norm")(x)), deterministic)
+    else:
+      h = attn(x, inputs, deterministic)
+      x = self.norm(name="attention_norm")(x + drop(h, deterministic))
+      h = self.mlp(name="mlp")(x)
+      x = self.norm(name="mlp_norm")(x + drop(h, deterministic))
+    return constrain(x, ("act_batch", "act_len", "act_embed"))
+
+
+class Sequence(nn.Module):
+  """Several blocks run in order as one parameter set: `blocks[i]` is named `layer_i`
+  (ALBERT's layer group of `inner_group_num` layers; a repeating period of different
+  blocks under scan, e.g. ModernBERT's global, local, local)."""
+  blocks: tuple
+
+  @nn.compact
+  def __call__(self, x, inputs: AttentionInputs, deterministic: bool = True):
+    for i, block in enumerate(self.blocks):
+      x = block(name=f"layer_{i}")(x, inputs, deterministic)
+    return x
