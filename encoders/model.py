@@ -77,6 +77,19 @@ class Encoder(nn.Module):
       mask = layers.make_attention_mask(attention_mask, segment_ids)
     return layers.AttentionInputs(mask=mask, positions=position_ids)
 
+  @staticmethod
+  def scan_params(cfg, params: dict) -> dict:
+    """Per-layer params (HF import's layout: `encoder/layer_<i>`) -> this config's layout
+    (stacked under `encoder/layers` when `scan_layers`)."""
+    if not cfg.get("scan_layers", False):
+      return params
+    return layers.stack_layer_params(params, cfg.num_hidden_layers)
+
+  @staticmethod
+  def unscan_params(cfg, params: dict) -> dict:
+    """The inverse of `scan_params` (HF export's layout)."""
+    return layers.unstack_layer_params(params) if cfg.get("scan_layers", False) else params
+
   # ---- shared assembly
 
   def setup(self):

@@ -17,10 +17,16 @@ ARCHS = {
                            dict(pad_token_id=1, type_vocab_size=1, layer_norm_eps=1e-5,
                                 max_position_embeddings=42)),
 }
+# ALBERT: E != H, two parameter groups of two layers each, four layer applications.
+ALBERT_TINY = dict(embedding_size=16, num_hidden_layers=4, num_hidden_groups=2,
+                   inner_group_num=2, hidden_act="gelu_new")
+ALBERT_ARCHS = {name: (getattr(T, name), T.AlbertConfig, ALBERT_TINY)
+                for name in ("AlbertModel", "AlbertForMaskedLM", "AlbertForPreTraining")}
+ARCHS_ALL = {**ARCHS, **ALBERT_ARCHS}
 
 
 def tiny_hf_model(arch, seed=0, **overrides):
-  cls, cfg_cls, extra = ARCHS[arch]
+  cls, cfg_cls, extra = ARCHS_ALL[arch]
   torch.manual_seed(seed)
   cfg = cfg_cls(**{**TINY, **extra, **overrides})
   model = cls(cfg).eval()
@@ -61,6 +67,8 @@ def torch_outputs(model, ids, mask, types):
     result["mlm_logits"] = out.logits.numpy()
   if getattr(out, "seq_relationship_logits", None) is not None:
     result["nsp_logits"] = out.seq_relationship_logits.numpy()
+  if getattr(out, "sop_logits", None) is not None:
+    result["sop_logits"] = out.sop_logits.numpy()
   if getattr(out, "pooler_output", None) is not None:
     result["pooler_output"] = out.pooler_output.numpy()
   return result
