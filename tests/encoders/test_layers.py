@@ -195,3 +195,32 @@ def test_gated_mlp_shapes():
   mlp = layers.Mlp(16, 8, "gelu", gated=True, use_bias=False)
   params = nn.unbox(mlp.init(jax.random.PRNGKey(0), jnp.ones((1, 3, 8))))["params"]
   assert params["wi"]["kernel"].shape == (8, 32) and "bias" not in params["wi"]
+
+
+def test_attention_reads_its_mask_kind_and_query_stream_from_the_inputs():
+  """One struct carries every layer's attention inputs: a local layer takes the windowed
+  mask, a separate query stream changes only the queries (keys and values stay from x)."""
+  import flax.linen as nn
+  x = jax.random.normal(jax.random.PRNGKey(0), (1, 9, 8))
+  query = jax.random.normal(jax.random.PRNGKey(1), (1, 9, 8))
+  valid = jnp.ones((1, 9), jnp.int32)
+  inputs = layers.AttentionInputs(mask=layers.make_attention_mask(valid),
+                                  local_mask=layers.make_attention_mask(valid, None, 4))
+  glob = layers.MultiHeadAttention(2, 4, 8, impl="einsum")
+  local = layers.MultiHeadAttention(2, 4, 8, impl="einsum", mask_kind="local")
+  params = nn.unbox(glob.init(jax.random.PRNGKey(2), x, inputs))["params"]
+
+  def manual(mask, q_in):
+    q, k, v = glob.apply({"params": params}, x, q_in, method=glob.project)
+    ctx = layers.attention_scores_einsum(q, k, v, mask)
+    return glob.apply({"params": params}, ctx, method=lambda m, c: m.out(c))
+
+  np.testing.assert_allclose(local.apply({"params": params}, x, inputs),
+                             manual(inputs.local_mask, x), atol=1e-5)
+  with_query = inputs.replace(query=query)
+  np.testing.assert_allclose(glob.apply({"params": params}, x, with_query),
+                             manual(inputs.mask, query), atol=1e-5)
+  assert not np.allclose(glob.apply({"params": params}, x, inputs),
+                         local.apply({"params": params}, x, inputs), atol=1e-3)
+  with pytest.raises(ValueError, match="local"):
+    local.apply({"params": params}, x, layers.AttentionInputs(mask=inputs.mask))
