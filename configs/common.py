@@ -98,12 +98,18 @@ def base_config():
   c.data.tfds_name = ""
   c.data.tfds_data_dir = ""  # may be gs://... on Cloud TPU
   c.data.train_split = "train"
-  c.data.eval_split = ""  # empty: hold out eval_fraction of the documents
+  # empty: hold out eval_fraction of the documents (source=default: whole packages, and
+  # no held-out paragraph shares a 13-word span with training)
+  c.data.eval_split = ""
   c.data.eval_fraction = 0.02
   c.data.text_key = "text"
   c.data.seq_len = 128
   c.data.global_batch = 32
-  c.data.packing = "documents"  # documents (rows packed, docs never attend across) | pairs (NSP)
+  # documents (rows packed, docs never attend across) | pairs ([CLS] A [SEP] B [SEP])
+  c.data.packing = "documents"
+  # packing=pairs: nsp (B random with prob objective.nsp_prob; next_sentence_label) |
+  # sop (A, B consecutive, swapped with prob 0.5; sentence_order_label)
+  c.data.pair_task = "nsp"
   c.data.shuffle_seed = 0
   c.data.num_epochs = -1  # -1: repeat forever
   c.data.worker_count = 0

@@ -1,4 +1,8 @@
-"""Tests of the default corpus, the tokenizers and the pretraining input pipeline."""
+"""Tests of the default corpus, the tokenizers and the pretraining input pipeline.
+
+Pairs (NSP/SOP) are tested in tests/objectives/test_pairs.py, the default corpus's
+held-out split in tests/launch/test_corpus_split.py.
+"""
 import functools
 import collections
 import json
@@ -6,67 +10,12 @@ import json
 import numpy as np
 import pytest
 
-from configs import common
-from launch import corpus
 from launch import data
-from launch import tokenization
-
-SMALL_DOCS = 120
-
-
-def make_config(**data_overrides):
-  c = common.base_config()
-  c.data.max_documents = SMALL_DOCS
-  c.data.seq_len = 64
-  c.data.global_batch = 8
-  for k, v in data_overrides.items():
-    if k.startswith("tokenizer_"):
-      setattr(c.tokenizer, k[len("tokenizer_"):], v)
-    elif k == "nsp_prob":
-      c.objective.nsp_prob = v
-    else:
-      setattr(c.data, k, v)
-  return c
-
-
-@pytest.fixture(scope="module")
-def spm_path(tmp_path_factory):
-  """A small sentencepiece model trained on the start of the default corpus."""
-  c = make_config(tokenizer_vocab_size=1000, tokenizer_train_sentences=20_000)
-  workdir = tmp_path_factory.mktemp("spm")
-  tokenization.make_tokenizer(c.tokenizer, str(workdir),
-                              lambda: corpus.default_documents(SMALL_DOCS))
-  return str(workdir / "tokenizer" / "spm.model")
-
-
-@pytest.fixture(scope="module")
-def spm(spm_path):
-  return tokenization.load_sentencepiece(spm_path)
-
-
-def spm_config(spm_path, **overrides):
-  return make_config(tokenizer_kind="sentencepiece", tokenizer_path=spm_path, **overrides)
-
-
-def take(it, n):
-  return [next(it) for _ in range(n)]
-
-
-def assert_batches_equal(a, b):
-  assert len(a) == len(b)
-  for x, y in zip(a, b):
-    assert x.keys() == y.keys()
-    for k in x:
-      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
-
-
-def epoch_rows(pipeline):
-  """All rows of one epoch (num_epochs=1) as a list of per-row dicts."""
-  rows = []
-  for batch in pipeline.train_iter():
-    for i in range(len(batch["input_ids"])):
-      rows.append({k: v[i] for k, v in batch.items()})
-  return rows
+from launch.data import corpus
+from launch.data import tokenization
+from objectives import pairs
+from tests.launch.data_helpers import (assert_batches_equal, epoch_rows, make_config,  # noqa: F401
+                                       rows_of, spm, spm_config, spm_path, take)
 
 
 # ------------------------------------------------------------------------------ corpus
@@ -220,6 +169,8 @@ def test_hf_tokenizer_without_specials_is_rejected(tmp_path):
     ({"source": "default", "eval_split": "validation"}, "eval_split"),
     ({"source": "tfds", "tfds_name": ""}, "tfds_name"),
     ({"text_document": "paragraph"}, "text_document"),
+    ({"packing": "pairs", "pair_task": "mlm"}, "data.pair_task"),
+    ({"pair_task": "SOP"}, "data.pair_task"),
 ])
 def test_bad_config_is_a_clear_error(overrides, message):
   with pytest.raises(ValueError, match=message):
@@ -283,66 +234,15 @@ def test_documents_packing_keeps_documents_apart(spm, spm_path):
   assert p.stats["fill"] > 0.9
 
 
-# ------------------------------------------------------------------------ pairs (NSP)
-
-
-def test_pairs_rows_and_next_sentence_labels(spm, spm_path):
-  seq_len = 64
-  c = spm_config(spm_path, seq_len=seq_len, packing="pairs", global_batch=16, nsp_prob=0.5)
-  p = data.make_pipeline(c, None, process_index=0, process_count=1)
-  batches = take(p.train_iter(), 80)
-  assert batches[0]["next_sentence_label"].shape == (16,)
-  assert batches[0]["next_sentence_label"].dtype == np.int32
-
-  streams = []
-  tok = data.tokenize_documents(spm, data.load_documents(c.data)[0], "sentence")
-  for d in range(tok.num_documents):
-    lo, hi = tok.unit_offsets[tok.doc_units[d]], tok.unit_offsets[tok.doc_units[d + 1]]
-    streams.append(tok.tokens[lo:hi].tobytes())
-
-  labels, contiguous = [], collections.Counter()
-  for b in batches:
-    for i in range(16):
-      ids, types, seg = b["input_ids"][i], b["token_type_ids"][i], b["segment_ids"][i]
-      n = int((seg > 0).sum())
-      assert 5 <= n <= seq_len
-      assert (seg[:n] == 1).all() and (seg[n:] == 0).all()
-      np.testing.assert_array_equal(b["position_ids"][i][:n], np.arange(n))
-      assert ids[0] == spm.cls_id and ids[n - 1] == spm.sep_id
-      seps = np.flatnonzero(ids[:n] == spm.sep_id)
-      assert len(seps) == 2
-      first = seps[0]
-      assert 1 <= first <= n - 3
-      assert (types[:first + 1] == 0).all() and (types[first + 1:n] == 1).all()
-      assert (types[n:] == 0).all() and (ids[n:] == spm.pad_id).all()
-      special = np.zeros((seq_len,), bool)
-      special[[0, first, n - 1]] = True
-      special[n:] = True
-      np.testing.assert_array_equal(b["special_tokens_mask"][i], special)
-      assert b["word_starts"][i][[1, first + 1]].all()
-      label = int(b["next_sentence_label"][i])
-      labels.append(label)
-      a_b = np.concatenate([ids[1:first], ids[first + 1:n - 1]]).astype(np.int32).tobytes()
-      contiguous[label] += any(a_b in s for s in streams)
-  labels = np.array(labels)
-  assert abs(labels.mean() - 0.5) < 0.06, labels.mean()
-  # "Is next": A then B is running text of one document; "random": almost never.
-  assert contiguous[0] == (labels == 0).sum()
-  assert contiguous[1] < 0.05 * (labels == 1).sum()
-
-
-def test_pairs_nsp_prob_is_respected(spm_path):
-  c = spm_config(spm_path, packing="pairs", global_batch=16, nsp_prob=0.0)
-  p = data.make_pipeline(c, None, process_index=0, process_count=1)
-  assert not any(b["next_sentence_label"].any() for b in take(p.train_iter(), 10))
-
-
 # --------------------------------------------------- determinism, restore and sharding
 
 
-@pytest.mark.parametrize("packing", ["documents", "pairs"])
-def test_same_seed_same_batches(spm_path, packing):
-  c = spm_config(spm_path, packing=packing)
+PACKINGS = [("documents", "nsp"), ("pairs", "nsp"), ("pairs", "sop")]
+
+
+@pytest.mark.parametrize("packing, pair_task", PACKINGS)
+def test_same_seed_same_batches(spm_path, packing, pair_task):
+  c = spm_config(spm_path, packing=packing, pair_task=pair_task)
   a = take(data.make_pipeline(c, None, process_index=0, process_count=1).train_iter(), 6)
   b = take(data.make_pipeline(c, None, process_index=0, process_count=1).train_iter(), 6)
   assert_batches_equal(a, b)
@@ -351,9 +251,9 @@ def test_same_seed_same_batches(spm_path, packing):
   assert not all(np.array_equal(x["input_ids"], y["input_ids"]) for x, y in zip(a, d))
 
 
-@pytest.mark.parametrize("packing", ["documents", "pairs"])
-def test_iterator_state_resumes_the_same_stream(tmp_path, spm_path, packing):
-  c = spm_config(spm_path, packing=packing, global_batch=16)
+@pytest.mark.parametrize("packing, pair_task", PACKINGS)
+def test_iterator_state_resumes_the_same_stream(tmp_path, spm_path, packing, pair_task):
+  c = spm_config(spm_path, packing=packing, pair_task=pair_task, global_batch=16)
   p = data.make_pipeline(c, str(tmp_path), process_index=0, process_count=1)
   # Run past the end of an epoch, so the restore also crosses an epoch boundary.
   skip = p.steps_per_epoch - 2
@@ -392,18 +292,83 @@ def test_processes_read_disjoint_shards(spm_path):
   assert sum(union.values()) == sum(full.values()) - sum(full.values()) % 2
 
 
-@pytest.mark.parametrize("packing", ["documents", "pairs"])
-def test_eval_batches_are_fixed(spm_path, packing):
-  c = spm_config(spm_path, packing=packing, eval_fraction=0.1)
+@pytest.mark.parametrize("packing, pair_task", PACKINGS)
+def test_eval_batches_are_fixed(spm_path, packing, pair_task):
+  c = spm_config(spm_path, packing=packing, pair_task=pair_task, eval_fraction=0.1)
   p = data.make_pipeline(c, None, process_index=0, process_count=1)
   a, b = p.eval_batches(3), p.eval_batches(3)
   assert 1 <= len(a) <= 3
   assert a[0]["input_ids"].shape == (8, 64)
   assert_batches_equal(a, b)
+  assert a[0].keys() == next(p.train_iter()).keys()
   train, held_out = data.load_documents(c.data)
   assert held_out and not set(train) & set(held_out)
   c.data.eval_fraction = 0.0
   assert data.make_pipeline(c, None, process_index=0, process_count=1).eval_batches(3) == []
+
+
+def _is_padding_row(r):
+  return not r["segment_ids"].any()
+
+
+def _assert_padding_row(r, pad_id, label_key):
+  assert (r["input_ids"] == pad_id).all()
+  assert not r["segment_ids"].any() and not r["position_ids"].any()
+  assert not r["token_type_ids"].any()
+  assert r["special_tokens_mask"].all() and not r["word_starts"].any()
+  if label_key:
+    assert int(r[label_key]) == -1
+
+
+def _all_eval_rows(p):
+  """Every held-out row of the pipeline, built directly (all processes together)."""
+  return [p._eval_row(i) for i in range(len(p._eval_rows))]  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("packing, pair_task", PACKINGS)
+@pytest.mark.parametrize("global_batch", [8, 64])
+def test_eval_batches_hold_every_row_once(spm_path, packing, pair_task, global_batch):
+  # 64 rows per batch is more than all held-out rows (one partial batch); with 8 the
+  # last batch is partial unless the count happens to divide.
+  c = spm_config(spm_path, packing=packing, pair_task=pair_task, eval_fraction=0.05,
+                 global_batch=global_batch)
+  p = data.make_pipeline(c, None, process_index=0, process_count=1)
+  label_key = p.label_key
+  assert label_key == {"documents": None, "pairs": pairs.LABEL_KEYS[pair_task]}[packing]
+  expected = collections.Counter(r["input_ids"].tobytes() for r in _all_eval_rows(p))
+  n = sum(expected.values())
+  assert n == p.num_eval_rows > 0
+  batches = p.eval_batches(1000)
+  assert len(batches) == -(-n // global_batch)
+  rows = rows_of(batches)
+  real = [r for r in rows if not _is_padding_row(r)]
+  for r in rows[len(real):]:
+    _assert_padding_row(r, p.tokenizer.pad_id, label_key)
+  assert len(real) == n and len(rows) - n < global_batch  # padding only at the end
+  assert collections.Counter(r["input_ids"].tobytes() for r in real) == expected
+  if label_key:
+    assert all(int(r[label_key]) in (0, 1) for r in real)
+  # Fewer batches than rows: a prefix of the same rows, still none twice.
+  if len(batches) > 1:
+    assert_batches_equal(p.eval_batches(1), batches[:1])
+
+
+def test_eval_batches_split_rows_between_processes(spm_path):
+  c = spm_config(spm_path, packing="pairs", eval_fraction=0.05, global_batch=16)
+  whole = data.make_pipeline(c, None, process_index=0, process_count=1)
+  expected = collections.Counter(r["input_ids"].tobytes() for r in _all_eval_rows(whole))
+  shards = [data.make_pipeline(c, None, process_index=i, process_count=2).eval_batches(100)
+            for i in range(2)]
+  assert len(shards[0]) == len(shards[1]) >= 1  # same count, or a multi-host eval hangs
+  got = collections.Counter()
+  for batches in shards:
+    assert batches[0]["input_ids"].shape == (8, 64)
+    for r in rows_of(batches):
+      if _is_padding_row(r):
+        _assert_padding_row(r, whole.tokenizer.pad_id, "next_sentence_label")
+      else:
+        got[r["input_ids"].tobytes()] += 1
+  assert got == expected
 
 
 # ---------------------------------------------------------------------------- sources

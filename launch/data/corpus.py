@@ -17,6 +17,12 @@ library of the running interpreter (`sysconfig.get_paths()["stdlib"]`):
 Prose and code are interleaved in proportion, so any prefix (`max_documents`) holds both.
 The list is deterministic: the same documents in the same order on every machine with the
 same Python version and standard library.
+
+Every document also has a group (`grouped_documents`), the unit the held-out split keeps
+whole: the top-level stdlib package for a module's reference page and its source (so a
+docstring and the file it comes from, or two modules of one package that copy each
+other, never fall on different sides), `topic:<key>` for the pydoc topics, `idlelib` for
+IDLE's text files and `LICENSE` for the license.
 """
 from __future__ import annotations
 
@@ -89,14 +95,14 @@ def _split_topic(text: str) -> list[str]:
   return [p for p in pieces if p]
 
 
-def _topic_documents() -> list[str]:
+def _topic_documents() -> list[tuple[str, str]]:
   try:
     from pydoc_data import topics  # pylint: disable=g-import-not-at-top
   except ImportError:
     return []
   docs = []
   for key in sorted(topics.topics):
-    docs.extend(_split_topic(topics.topics[key]))
+    docs.extend((d, f"topic:{key}") for d in _split_topic(topics.topics[key]))
   return docs
 
 
@@ -153,21 +159,27 @@ def _module_name(relpath: str) -> str:
   return name[: -len(".__init__")] if name.endswith(".__init__") else name
 
 
-def _text_file_documents(root: str) -> list[str]:
-  paths = [os.path.join(root, "LICENSE.txt")]
+def _package(module: str) -> str:
+  """The group of a module's documents: its top-level package."""
+  return module.split(".", 1)[0]
+
+
+def _text_file_documents(root: str) -> list[tuple[str, str]]:
+  paths = [(os.path.join(root, "LICENSE.txt"), "LICENSE")]
   idle = os.path.join(root, "idlelib")
   if os.path.isdir(idle):
-    paths += [os.path.join(idle, n) for n in sorted(os.listdir(idle)) if n.endswith(".txt")]
+    paths += [(os.path.join(idle, n), "idlelib") for n in sorted(os.listdir(idle))
+              if n.endswith(".txt")]
   docs = []
-  for path in paths:
+  for path, group in paths:
     if os.path.isfile(path):
       text = _read(path).strip()
       if text:
-        docs.append(text)
+        docs.append((text, group))
   return docs
 
 
-def _interleave(a: list[str], b: list[str]) -> list[str]:
+def _interleave(a: list, b: list) -> list:
   """Merges two lists keeping each one's order, spreading both evenly over the result."""
   keyed = [((i + 0.5) / len(a), 0, i, d) for i, d in enumerate(a)]
   keyed += [((j + 0.5) / len(b), 1, j, d) for j, d in enumerate(b)]
@@ -176,7 +188,8 @@ def _interleave(a: list[str], b: list[str]) -> list[str]:
 
 
 @functools.lru_cache(maxsize=2)
-def _build() -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _build() -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
+  """(prose, code), each a tuple of (text, group)."""
   root = stdlib_dir()
   files = _module_files(root)
   sources = {rel: _read(path) for rel, path in files}
@@ -187,14 +200,17 @@ def _build() -> tuple[tuple[str, ...], tuple[str, ...]]:
       tree = ast.parse(sources[rel])
     except (SyntaxError, ValueError):
       continue
-    doc = _reference_document(_module_name(rel), tree)
+    module = _module_name(rel)
+    doc = _reference_document(module, tree)
     if doc:
-      references.append(doc)
+      references.append((doc, _package(module)))
     if (any(not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
             for n in tree.body)
         and not _GENERATED.search(sources[rel][:500])):
       has_code.add(rel)
-  prose = list(dict.fromkeys(_topic_documents() + references + _text_file_documents(root)))
+  prose: dict[str, str] = {}  # text -> group of its first occurrence (exact duplicates go)
+  for text, group in _topic_documents() + references + _text_file_documents(root):
+    prose.setdefault(text, group)
 
   candidates = [rel for rel, _ in files
                 if rel in has_code and len(sources[rel]) <= MAX_CODE_FILE_BYTES]
@@ -205,18 +221,27 @@ def _build() -> tuple[tuple[str, ...], tuple[str, ...]]:
       break
     chosen.add(rel)
     total += len(sources[rel])
-  code = [sources[rel] for rel, _ in files if rel in chosen]
-  return tuple(prose), tuple(code)
+  code = [(sources[rel], _package(_module_name(rel))) for rel, _ in files if rel in chosen]
+  return tuple(prose.items()), tuple(code)
 
 
 def prose_documents() -> list[str]:
   """The English documents of the default corpus, in order."""
-  return list(_build()[0])
+  return [text for text, _ in _build()[0]]
 
 
 def code_documents() -> list[str]:
   """The Python source documents of the default corpus, in order."""
-  return list(_build()[1])
+  return [text for text, _ in _build()[1]]
+
+
+def grouped_documents(max_documents: int = -1) -> list[tuple[str, str]]:
+  """(text, group) of each document of `default_documents(max_documents)`, in order."""
+  prose, code = _build()
+  docs = _interleave(list(prose), list(code))
+  if not docs:
+    raise ValueError(f"no documents found in the Python standard library at {stdlib_dir()}")
+  return docs if max_documents is None or max_documents < 0 else docs[:max_documents]
 
 
 def default_documents(max_documents: int = -1) -> list[str]:
@@ -228,8 +253,4 @@ def default_documents(max_documents: int = -1) -> list[str]:
   Returns:
     A list of non-empty document strings.
   """
-  prose, code = _build()
-  docs = _interleave(list(prose), list(code))
-  if not docs:
-    raise ValueError(f"no documents found in the Python standard library at {stdlib_dir()}")
-  return docs if max_documents is None or max_documents < 0 else docs[:max_documents]
+  return [text for text, _ in grouped_documents(max_documents)]
