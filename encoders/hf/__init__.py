@@ -1,22 +1,67 @@
 """Hugging Face interop: read and write `config.json` + safetensors directories.
 
-Each family registers a mapping (encoders/hf/<family>.py) that turns an HF config into
-ours and back, and lists tensor rules `(our_path, hf_key, kind)`. This module does the
-rest for every family: file reading (single or sharded safetensors, never pickle), key
-prefixes, tied weights, and errors that name any missing, unexpected or mis-shaped tensor.
+Each family registers a `Mapping` (encoders/hf/<family>.py): HF config <-> ours, and a
+declarative tensor table. This package does the rest for every family: file reading
+(single or sharded safetensors, never pickle), key prefixes, tied weights, per-layer
+expansion, and errors that name any missing, unexpected or mis-shaped tensor.
+
+A table (`Mapping.rules(cfg)`) is a list of `Rule`s and `PerLayer` templates; one expander
+(`rules.expand`) fills the templates' "{name}" placeholders from each index dict and
+returns the concrete rules import and export both walk. Shapes below: D hidden, H heads,
+K head dim, F intermediate, V vocabulary, E embedding width; HF linear weights are
+(out, in), our kernels (in..., out...).
+
+    D, H, K = cfg.hidden_size, cfg.num_attention_heads, cfg.hidden_size // H
+    def rules(self, cfg):
+      return [
+        Rule("embeddings/word_embeddings/embedding", "embeddings.word_embeddings.weight",
+             "embedding", vocab=True),                              # (V,E), padded rows ours
+        PerLayer([
+          # our (D,H,K) kernel vs HF (H*K,D): the declared `shape` licenses the reshape
+          Rule("encoder/layer_{i}/attention/query/kernel",
+               "encoder.layer.{i}.attention.self.query.weight", "linear", shape=(D, H, K)),
+          Rule("encoder/layer_{i}/attention/query/bias",
+               "encoder.layer.{i}.attention.self.query.bias", shape=(H, K)),   # HF (H*K,)
+          Rule("encoder/layer_{i}/attention/out/kernel",                       # HF (D,H*K)
+               "encoder.layer.{i}.attention.output.dense.weight", "linear",
+               shape=(H, K, D), n_in=2),
+          Rule("encoder/layer_{i}/mlp/wi/kernel",                    # (D,F) vs HF (F,D)
+               "encoder.layer.{i}.intermediate.dense.weight", "linear"),
+          # one fused HF (3*H*K, D) weight <-> three (D,H,K) kernels
+          Rule(("encoder/layer_{i}/attention/query/kernel", ".../key/kernel",
+                ".../value/kernel"), "layers.{i}.attn.Wqkv.weight", "split",
+               of="linear", shape=(D, H, K)),
+        ], layer_indices(cfg.num_hidden_layers)),        # [{"i": 0}, ..., {"i": L-1}]
+        # grouped layers: PerLayer([...], [{"g": g, "j": j} for g ... for j ...]) with
+        # "encoder/group_{g}/layer_{j}/..." <-> "encoder.albert_layer_groups.{g}.albert_layers.{j}..."
+        Rule("mlm/bias", "cls.predictions.bias", base=False, vocab=True),  # not under "bert."
+        Rule("", "embeddings.position_embeddings.weight", "computed",
+             compute=lambda cfg: table(cfg)),  # checked on import, not loaded; written on export
+      ]
+
+Kinds (see `Rule`): "vector"/"embedding" (same layout), "linear", "split" (one HF tensor
+-> several of ours along an HF-layout `axis`; concatenated back on export), "concat"
+(several HF tensors -> one of ours; split back on export, equal parts or `sizes`),
+"computed". Without a declared `shape` the layouts must agree exactly; a tensor of any
+other shape is an error naming its HF key with the expected and the actual shape.
+Our paths name layers unscanned ("encoder/layer_3/..."); with `scan_layers` the family's
+`scan_params(cfg, params)` stacks them after import and its `unscan_params` unstacks them
+before export (default: `layers.stack_layer_params` / `unstack_layer_params`). `Mapping.ignorable` lists key
+suffixes a family's files may carry that we drop (buffers such as position_ids).
 """
-import dataclasses
 import importlib
 import json
 import os
 import pkgutil
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import jax
 import ml_collections
 import numpy as np
 
-from encoders import base, layers
+from encoders import layers
+from encoders.hf.rules import (KINDS, PerLayer, Rule, Table, expand, export_rule,  # noqa: F401
+                               import_rule, layer_indices)
 
 # HF config keys that describe the checkpoint or the generic PreTrainedModel machinery and
 # never change the encoder's numbers.
@@ -33,24 +78,6 @@ GENERIC_KEYS = frozenset({
 })
 
 
-@dataclasses.dataclass(frozen=True)
-class Rule:
-  """One tensor: our param path ("a/b/kernel"), its HF key (without the base-model prefix
-  when `base` is True), and how to convert: "linear" (HF (out, in) -> our kernel, reshaped;
-  `n_in` leading kernel dims are inputs), "embedding" / "vector" (same layout).
-  `vocab`: the leading dim is the vocabulary, which our model may pad to a multiple of
-  `vocab_pad_multiple` (zero rows appended on import, cut off again on export).
-
-  Paths name layers unscanned ("encoder/layer_3/..."); with `scan_layers` the per-layer
-  tensors are stacked into the scanned layout after import and unstacked before export."""
-  ours: str
-  hf: str
-  kind: str = "vector"
-  n_in: int = 1
-  base: bool = True
-  vocab: bool = False
-
-
 class Mapping:
   """Per-family HF mapping. Subclasses set model_types/architectures and implement the rest."""
   model_types: Tuple[str, ...] = ()
@@ -58,6 +85,9 @@ class Mapping:
   architectures: Dict[str, Tuple[str, Tuple[str, ...]]] = {}
   # Tensors HF ties to another (absent from, or equal in, saved files): hf key -> source key
   tied: Dict[str, str] = {}
+  # Key suffixes of tensors the files may carry that we drop (e.g. "embeddings.position_ids",
+  # a buffer older transformers versions saved next to the weights).
+  ignorable: Tuple[str, ...] = ()
 
   def base_prefix(self, hf: dict) -> str:
     """The base model's attribute name (HF's base_model_prefix), e.g. "bert"."""
@@ -70,8 +100,12 @@ class Mapping:
     """-> (config.json dict, architecture name)."""
     raise NotImplementedError
 
-  def rules(self, cfg) -> List[Rule]:
+  def rules(self, cfg) -> Table:
+    """The tensor table for `cfg`: `Rule`s and `PerLayer` templates (module docstring)."""
     raise NotImplementedError
+
+  def is_ignorable(self, key: str) -> bool:
+    return any(key == s or key.endswith("." + s) for s in self.ignorable)
 
 
 _MAPPINGS: Dict[str, Mapping] = {}
@@ -82,8 +116,6 @@ def register_mapping(cls):
   for t in cls.model_types:
     _MAPPINGS[t] = m
   return cls
-
-
 
 
 def refuse_unknown(hf: dict, consumed: Sequence[str], required: Dict[str, object]):
@@ -159,10 +191,22 @@ def _set(tree: dict, path: str, value):
   tree[parts[-1]] = value
 
 
-def _get(tree: dict, path: str):
-  for p in path.split("/"):
-    tree = tree[p]
-  return tree
+def _flatten(tree, prefix=""):
+  out = {}
+  for k, v in tree.items():
+    key = f"{prefix}/{k}" if prefix else k
+    if isinstance(v, dict):
+      out.update(_flatten(v, key))
+    else:
+      out[key] = v
+  return out
+
+
+def _mapping_for(model_type) -> Mapping:
+  if model_type not in _MAPPINGS:
+    raise ValueError(f"model_type {model_type!r} is not supported; supported: "
+                     f"{sorted(_MAPPINGS)}")
+  return _MAPPINGS[model_type]
 
 
 def hf_config(path: str) -> dict:
@@ -175,11 +219,7 @@ def from_hf(path: str, heads: Optional[Sequence[str]] = None, **overrides):
   architecture; `overrides` set model config fields (e.g. dtype="bfloat16")."""
   import encoders
   hf = hf_config(path)
-  model_type = hf.get("model_type")
-  if model_type not in _MAPPINGS:
-    raise ValueError(f"model_type {model_type!r} is not supported; supported: "
-                     f"{sorted(_MAPPINGS)}")
-  mapping = _MAPPINGS[model_type]
+  mapping = _mapping_for(hf.get("model_type"))
   tensors = read_safetensors(path)
   arch = _architecture(mapping, hf, tensors)
   _, arch_heads = mapping.architectures[arch]
@@ -187,15 +227,21 @@ def from_hf(path: str, heads: Optional[Sequence[str]] = None, **overrides):
   for key, value in overrides.items():
     cfg[key] = value
   tensors = _strip_prefix(tensors, mapping.base_prefix(hf))
-  params = {}
-  used = set()
-  for rule in mapping.rules(cfg):
-    if rule.hf not in tensors:
-      raise ValueError(f"{path}: tensor {rule.hf!r} (needed for {rule.ours}) is missing")
-    value = tensors[rule.hf]
-    used.add(rule.hf)
-    params_value = _to_ours(rule, value, cfg)
-    _set(params, rule.ours, params_value)
+  model = encoders.build(cfg)
+  scan = cfg.get("scan_layers", False)
+  if scan:  # rules name layers unscanned; stacked below
+    flat_cfg = ml_collections.ConfigDict(cfg.to_dict())
+    flat_cfg.scan_layers = False
+  expected = _flatten(jax.eval_shape(lambda: encoders.init_params(
+      encoders.build(flat_cfg) if scan else model, jax.random.PRNGKey(0))))
+  shapes = {k: tuple(v.shape) for k, v in expected.items()}
+  flat, used = {}, set()
+  try:
+    for rule in expand(mapping.rules(cfg), cfg):
+      flat.update(import_rule(rule, tensors, shapes, cfg))
+      used.update(k for k in rule.hf_keys if k in tensors)
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None
   for tied, source in mapping.tied.items():
     if tied in tensors:
       used.add(tied)
@@ -203,66 +249,28 @@ def from_hf(path: str, heads: Optional[Sequence[str]] = None, **overrides):
           tensors[tied], tensors[source]):
         raise ValueError(f"{path}: {tied!r} differs from {source!r}; encoder-zoo ties them "
                          "and does not support untied weights")
-  unexpected = sorted(k for k in tensors if k not in used and not _ignorable(k))
+  unexpected = sorted(k for k in tensors if k not in used and not mapping.is_ignorable(k))
   if unexpected:
     raise ValueError(f"{path}: unexpected tensors not used by {arch} in encoder-zoo: "
                      f"{', '.join(unexpected[:20])}")
-  model = encoders.build(cfg)
-  if cfg.get("scan_layers", False):
-    flat_cfg = ml_collections.ConfigDict(cfg.to_dict())
-    flat_cfg.scan_layers = False
-    _check_shapes(encoders.build(flat_cfg), params, path)
-    params = layers.stack_layer_params(params, cfg.num_hidden_layers)
-  else:
-    _check_shapes(model, params, path)
+  missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
+  if missing or extra:
+    raise ValueError(f"{path}: the {hf['model_type']} mapping does not cover the model's "
+                     f"parameters; missing {missing}, extra {extra}")
+  params = {}
+  for key, spec in expected.items():
+    _set(params, key, jax.numpy.asarray(flat[key], dtype=spec.dtype))
+  if scan:
+    params = _family_hook(cfg, "scan_params", lambda c, p: layers.stack_layer_params(
+        p, c.num_hidden_layers))(cfg, params)
   return model, params
 
 
-def _ignorable(key: str) -> bool:
-  # Buffers older transformers versions saved next to the weights.
-  return key.endswith("position_ids") or key.endswith("token_type_ids")
-
-
-def _to_ours(rule: Rule, value: np.ndarray, cfg):
-  if rule.vocab:
-    rows = base.padded_vocab_size(cfg)
-    if value.shape[0] == cfg.vocab_size and rows > cfg.vocab_size:
-      pad = np.zeros((rows - cfg.vocab_size,) + value.shape[1:], value.dtype)
-      value = np.concatenate([value, pad], axis=0)
-  if rule.kind == "linear":
-    return np.ascontiguousarray(value.T)  # (in, out); reshaped by _check_shapes
-  return value
-
-
-def _check_shapes(model, params, path):
-  """Reshapes linear kernels to our (in..., out...) layout and errors on any mismatch."""
-  import encoders
-  expected = jax.eval_shape(lambda: encoders.init_params(model, jax.random.PRNGKey(0)))
-  flat_expected = _flatten(expected)
-  flat = _flatten(params)
-  missing = sorted(set(flat_expected) - set(flat))
-  extra = sorted(set(flat) - set(flat_expected))
-  if missing or extra:
-    raise ValueError(f"{path}: parameter tree mismatch; missing {missing}, extra {extra}")
-  for key, spec in flat_expected.items():
-    value = flat[key]
-    if value.shape != spec.shape:
-      if value.size != int(np.prod(spec.shape)):
-        raise ValueError(f"{path}: tensor for {key} has shape {value.shape}, expected "
-                         f"{spec.shape}")
-      value = value.reshape(spec.shape)
-    _set(params, key, jax.numpy.asarray(value, dtype=spec.dtype))
-
-
-def _flatten(tree, prefix=""):
-  out = {}
-  for k, v in tree.items():
-    key = f"{prefix}/{k}" if prefix else k
-    if isinstance(v, dict):
-      out.update(_flatten(v, key))
-    else:
-      out[key] = v
-  return out
+def _family_hook(cfg, name, default):
+  """The family's `scan_params`/`unscan_params` (a family whose scanned layout is not
+  one stack of `layer_<i>`, e.g. ALBERT's shared groups, says so there), else `default`."""
+  from encoders import base
+  return getattr(base.family(cfg.get("family", "bert")), name, default)
 
 
 def to_hf(model, params, path: str, architecture: Optional[str] = None):
@@ -283,18 +291,13 @@ def to_hf(model, params, path: str, architecture: Optional[str] = None):
   prefix, _ = mapping.architectures[arch]
   hf["architectures"] = [arch]
   if cfg.get("scan_layers", False):
-    params = layers.unstack_layer_params(params)
+    params = _family_hook(cfg, "unscan_params", lambda c, p: layers.unstack_layer_params(p))(
+        cfg, params)
+  flat = {k: np.asarray(jax.device_get(v), np.float32) for k, v in _flatten(params).items()}
   tensors = {}
-  for rule in mapping.rules(cfg):
-    value = np.asarray(jax.device_get(_get(params, rule.ours)), dtype=np.float32)
-    if rule.vocab:
-      value = value[:cfg.vocab_size]  # padding rows exist only in our table
-    if rule.kind == "linear":
-      value = value.reshape(int(np.prod(value.shape[:rule.n_in])), -1).T
-    elif rule.kind == "vector":
-      value = value.reshape(-1)
-    key = f"{prefix}.{rule.hf}" if (rule.base and prefix) else rule.hf
-    tensors[key] = np.ascontiguousarray(value)
+  for rule in expand(mapping.rules(cfg), cfg):
+    for key, value in export_rule(rule, flat, cfg).items():
+      tensors[f"{prefix}.{key}" if (rule.base and prefix) else key] = value
   parent = os.path.dirname(os.path.abspath(path))
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".to_hf_", dir=parent)
@@ -311,9 +314,14 @@ def to_hf(model, params, path: str, architecture: Optional[str] = None):
   return path
 
 
+_CORE = ("rules",)  # modules of this package that are not family mappings
+
+
 def _load_mappings():
   # Each family's mapping registers itself; a new family adds a file here, edits nothing.
   for info in pkgutil.iter_modules(__path__):
+    if info.name in _CORE:
+      continue
     importlib.import_module(f"{__name__}.{info.name}")
 
 

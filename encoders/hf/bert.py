@@ -1,7 +1,8 @@
 """BERT / RoBERTa <-> Hugging Face (BertModel, BertForMaskedLM, BertForPreTraining,
 RobertaModel, RobertaForMaskedLM)."""
-from configs import common
-from encoders.hf import Mapping, Rule, refuse_unknown, register_mapping
+from encoders import bert as bert_family
+from encoders.hf import (Mapping, PerLayer, Rule, layer_indices, refuse_unknown,
+                         register_mapping)
 
 _CONSUMED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
              "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
@@ -24,12 +25,14 @@ class BertMapping(Mapping):
           "cls.predictions.decoder.bias": "cls.predictions.bias",
           "lm_head.decoder.weight": "embeddings.word_embeddings.weight",
           "lm_head.decoder.bias": "lm_head.bias"}
+  # Buffers older transformers versions saved next to the weights.
+  ignorable = ("embeddings.position_ids", "embeddings.token_type_ids")
 
   def config_from_hf(self, hf, heads):
     refuse_unknown(hf, _CONSUMED, _REQUIRED)
     if hf["hidden_size"] % hf["num_attention_heads"]:
       raise ValueError("hidden_size must be a multiple of num_attention_heads")
-    m = common.model_defaults()
+    m = bert_family.defaults()
     for key in _CONSUMED:
       if key in hf:
         m[key] = hf[key]
@@ -63,7 +66,27 @@ class BertMapping(Mapping):
     return hf, arch
 
   def rules(self, cfg):
-    roberta = cfg.position_style == "roberta"
+    d, h = cfg.hidden_size, cfg.num_attention_heads
+    qkv, out = (d, h, d // h), (h, d // h, d)  # our (D,H,K) and (H,K,D) vs HF 2-d
+    ours, hf = "encoder/layer_{i}", "encoder.layer.{i}"
+    layer = []
+    for name in ("query", "key", "value"):
+      layer += [Rule(f"{ours}/attention/{name}/kernel", f"{hf}.attention.self.{name}.weight",
+                     "linear", shape=qkv),
+                Rule(f"{ours}/attention/{name}/bias", f"{hf}.attention.self.{name}.bias",
+                     shape=qkv[1:])]
+    layer += [
+        Rule(f"{ours}/attention/out/kernel", f"{hf}.attention.output.dense.weight", "linear",
+             shape=out, n_in=2),
+        Rule(f"{ours}/attention/out/bias", f"{hf}.attention.output.dense.bias"),
+        Rule(f"{ours}/attention_norm/scale", f"{hf}.attention.output.LayerNorm.weight"),
+        Rule(f"{ours}/attention_norm/bias", f"{hf}.attention.output.LayerNorm.bias"),
+        Rule(f"{ours}/mlp/wi/kernel", f"{hf}.intermediate.dense.weight", "linear"),
+        Rule(f"{ours}/mlp/wi/bias", f"{hf}.intermediate.dense.bias"),
+        Rule(f"{ours}/mlp/wo/kernel", f"{hf}.output.dense.weight", "linear"),
+        Rule(f"{ours}/mlp/wo/bias", f"{hf}.output.dense.bias"),
+        Rule(f"{ours}/mlp_norm/scale", f"{hf}.output.LayerNorm.weight"),
+        Rule(f"{ours}/mlp_norm/bias", f"{hf}.output.LayerNorm.bias")]
     r = [Rule("embeddings/word_embeddings/embedding", "embeddings.word_embeddings.weight",
               "embedding", vocab=True),
          Rule("embeddings/position_embeddings/embedding",
@@ -71,42 +94,20 @@ class BertMapping(Mapping):
          Rule("embeddings/token_type_embeddings/embedding",
               "embeddings.token_type_embeddings.weight", "embedding"),
          Rule("embeddings/norm/scale", "embeddings.LayerNorm.weight"),
-         Rule("embeddings/norm/bias", "embeddings.LayerNorm.bias")]
-    for i in range(cfg.num_hidden_layers):
-      ours, hf = f"encoder/layer_{i}", f"encoder.layer.{i}"
-      for name in ("query", "key", "value"):
-        r += [Rule(f"{ours}/attention/{name}/kernel", f"{hf}.attention.self.{name}.weight",
-                   "linear"),
-              Rule(f"{ours}/attention/{name}/bias", f"{hf}.attention.self.{name}.bias")]
-      r += [Rule(f"{ours}/attention/out/kernel", f"{hf}.attention.output.dense.weight",
-                 "linear", n_in=2),
-            Rule(f"{ours}/attention/out/bias", f"{hf}.attention.output.dense.bias"),
-            Rule(f"{ours}/attention_norm/scale", f"{hf}.attention.output.LayerNorm.weight"),
-            Rule(f"{ours}/attention_norm/bias", f"{hf}.attention.output.LayerNorm.bias"),
-            Rule(f"{ours}/mlp/wi/kernel", f"{hf}.intermediate.dense.weight", "linear"),
-            Rule(f"{ours}/mlp/wi/bias", f"{hf}.intermediate.dense.bias"),
-            Rule(f"{ours}/mlp/wo/kernel", f"{hf}.output.dense.weight", "linear"),
-            Rule(f"{ours}/mlp/wo/bias", f"{hf}.output.dense.bias"),
-            Rule(f"{ours}/mlp_norm/scale", f"{hf}.output.LayerNorm.weight"),
-            Rule(f"{ours}/mlp_norm/bias", f"{hf}.output.LayerNorm.bias")]
+         Rule("embeddings/norm/bias", "embeddings.LayerNorm.bias"),
+         PerLayer(layer, layer_indices(cfg.num_hidden_layers))]
     heads = set(cfg.heads)
     if heads & {"pooler", "nsp"}:
       r += [Rule("pooler/dense/kernel", "pooler.dense.weight", "linear"),
             Rule("pooler/dense/bias", "pooler.dense.bias")]
     if "mlm" in heads:
-      if roberta:
-        r += [Rule("mlm/transform/kernel", "lm_head.dense.weight", "linear", base=False),
-              Rule("mlm/transform/bias", "lm_head.dense.bias", base=False),
-              Rule("mlm/norm/scale", "lm_head.layer_norm.weight", base=False),
-              Rule("mlm/norm/bias", "lm_head.layer_norm.bias", base=False),
-              Rule("mlm/bias", "lm_head.bias", base=False, vocab=True)]
-      else:
-        p = "cls.predictions"
-        r += [Rule("mlm/transform/kernel", f"{p}.transform.dense.weight", "linear", base=False),
-              Rule("mlm/transform/bias", f"{p}.transform.dense.bias", base=False),
-              Rule("mlm/norm/scale", f"{p}.transform.LayerNorm.weight", base=False),
-              Rule("mlm/norm/bias", f"{p}.transform.LayerNorm.bias", base=False),
-              Rule("mlm/bias", f"{p}.bias", base=False, vocab=True)]
+      p, names = (("lm_head", ("dense", "layer_norm", "")) if cfg.position_style == "roberta"
+                  else ("cls.predictions", ("transform.dense", "transform.LayerNorm", "")))
+      r += [Rule("mlm/transform/kernel", f"{p}.{names[0]}.weight", "linear", base=False),
+            Rule("mlm/transform/bias", f"{p}.{names[0]}.bias", base=False),
+            Rule("mlm/norm/scale", f"{p}.{names[1]}.weight", base=False),
+            Rule("mlm/norm/bias", f"{p}.{names[1]}.bias", base=False),
+            Rule("mlm/bias", f"{p}.bias", base=False, vocab=True)]
     if "nsp" in heads:
       r += [Rule("nsp/dense/kernel", "cls.seq_relationship.weight", "linear", base=False),
             Rule("nsp/dense/bias", "cls.seq_relationship.bias", base=False)]

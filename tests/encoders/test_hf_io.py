@@ -82,6 +82,33 @@ def test_misshaped_tensor_is_named(bert_dir):
     encoders.from_hf(str(bert_dir))
 
 
+def test_transposed_same_size_tensor_is_named_not_reshaped(bert_dir):
+  # (37, 32) stored as (32, 37): same element count, scrambled layout. Only a declared
+  # reshape may change a tensor's shape, so this must fail, naming the tensor.
+  f = bert_dir / "model.safetensors"
+  tensors = load_file(f)
+  key = "bert.encoder.layer.0.intermediate.dense.weight"
+  assert tensors[key].shape == (37, 32)
+  tensors[key] = np.ascontiguousarray(tensors[key].T)
+  save_file(tensors, f, metadata={"format": "pt"})
+  with pytest.raises(ValueError, match=r"encoder\.layer\.0\.intermediate\.dense\.weight.*"
+                                       r"\(32, 37\), expected \(37, 32\)"):
+    encoders.from_hf(str(bert_dir))
+
+
+def test_flattened_attention_kernel_needs_its_declared_layout(bert_dir):
+  # The query kernel is declared (D,H,K) <-> HF (H*K, D) = (32, 32); a same-size (16, 64)
+  # is refused, not reshaped.
+  f = bert_dir / "model.safetensors"
+  tensors = load_file(f)
+  key = "bert.encoder.layer.1.attention.self.query.weight"
+  tensors[key] = np.zeros((16, 64), np.float32)
+  save_file(tensors, f, metadata={"format": "pt"})
+  with pytest.raises(ValueError, match=r"layer\.1\.attention\.self\.query\.weight.*"
+                                       r"\(16, 64\), expected \(32, 32\)"):
+    encoders.from_hf(str(bert_dir))
+
+
 def test_untied_decoder_is_refused(bert_dir):
   f = bert_dir / "model.safetensors"
   tensors = load_file(f)
