@@ -11,8 +11,9 @@ returns the concrete rules import and export both walk. Shapes below: D hidden, 
 K head dim, F intermediate, V vocabulary, E embedding width; HF linear weights are
 (out, in), our kernels (in..., out...).
 
-    D, H, K = cfg.hidden_size, cfg.num_attention_heads, cfg.hidden_size // H
     def rules(self, cfg):
+      D, H = cfg.hidden_size, cfg.num_attention_heads
+      K = D // H
       return [
         Rule("embeddings/word_embeddings/embedding", "embeddings.word_embeddings.weight",
              "embedding", vocab=True),                              # (V,E), padded rows ours
@@ -27,13 +28,15 @@ K head dim, F intermediate, V vocabulary, E embedding width; HF linear weights a
                shape=(H, K, D), n_in=2),
           Rule("encoder/layer_{i}/mlp/wi/kernel",                    # (D,F) vs HF (F,D)
                "encoder.layer.{i}.intermediate.dense.weight", "linear"),
-          # one fused HF (3*H*K, D) weight <-> three (D,H,K) kernels
-          Rule(("encoder/layer_{i}/attention/query/kernel", ".../key/kernel",
-                ".../value/kernel"), "layers.{i}.attn.Wqkv.weight", "split",
-               of="linear", shape=(D, H, K)),
+          # (a family whose files fuse q/k/v instead: one HF (3*H*K, D) weight <-> three
+          # (D,H,K) kernels; each path or key may be claimed by one rule only)
+          # Rule(("layer_{i}/attention/query/kernel", "layer_{i}/attention/key/kernel",
+          #       "layer_{i}/attention/value/kernel"), "layers.{i}.attn.Wqkv.weight",
+          #      "split", of="linear", shape=(D, H, K)),
         ], layer_indices(cfg.num_hidden_layers)),        # [{"i": 0}, ..., {"i": L-1}]
         # grouped layers: PerLayer([...], [{"g": g, "j": j} for g ... for j ...]) with
-        # "encoder/group_{g}/layer_{j}/..." <-> "encoder.albert_layer_groups.{g}.albert_layers.{j}..."
+        # "encoder/group_{g}/layer_{j}/..." <->
+        # "encoder.albert_layer_groups.{g}.albert_layers.{j}...."
         Rule("mlm/bias", "cls.predictions.bias", base=False, vocab=True),  # not under "bert."
         Rule("", "embeddings.position_embeddings.weight", "computed",
              compute=lambda cfg: table(cfg)),  # checked on import, not loaded; written on export
@@ -45,9 +48,10 @@ Kinds (see `Rule`): "vector"/"embedding" (same layout), "linear", "split" (one H
 "computed". Without a declared `shape` the layouts must agree exactly; a tensor of any
 other shape is an error naming its HF key with the expected and the actual shape.
 Our paths name layers unscanned ("encoder/layer_3/..."); with `scan_layers` the family's
-`scan_params(cfg, params)` stacks them after import and its `unscan_params` unstacks them
-before export (default: `layers.stack_layer_params` / `unstack_layer_params`). `Mapping.ignorable` lists key
-suffixes a family's files may carry that we drop (buffers such as position_ids).
+`scan_params(cfg, params)` stacks them after import and its `unscan_params` unstacks
+them before export (default: `layers.stack_layer_params` / `unstack_layer_params`).
+`Mapping.ignorable` lists key suffixes a family's files may carry that we drop (buffers
+such as "embeddings.position_ids"); `Mapping.tied` the tensors HF ties to another.
 """
 import importlib
 import json
