@@ -298,8 +298,13 @@ def to_hf(model, params, path: str, architecture: Optional[str] = None):
     params = _family_hook(cfg, "unscan_params", lambda c, p: layers.unstack_layer_params(p))(
         cfg, params)
   flat = {k: np.asarray(jax.device_get(v), np.float32) for k, v in _flatten(params).items()}
+  table = expand(mapping.rules(cfg), cfg)
+  uncovered = sorted(set(flat) - {p for rule in table for p in rule.our_paths})
+  if uncovered:  # silently dropping a trained tensor would lose it
+    raise ValueError(f"the {cfg.family!r} HF mapping has no rule for params "
+                     f"{', '.join(uncovered[:20])}; nothing was written")
   tensors = {}
-  for rule in expand(mapping.rules(cfg), cfg):
+  for rule in table:
     for key, value in export_rule(rule, flat, cfg).items():
       tensors[f"{prefix}.{key}" if (rule.base and prefix) else key] = value
   parent = os.path.dirname(os.path.abspath(path))

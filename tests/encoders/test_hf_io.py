@@ -146,3 +146,15 @@ def test_to_hf_writes_atomically(tmp_path, monkeypatch):
     encoders.to_hf(model, params, str(tmp_path / "out"))
   assert not (tmp_path / "out").exists()
   assert [p.name for p in tmp_path.iterdir()] == ["in"]
+
+
+def test_export_refuses_params_no_rule_covers(tmp_path):
+  """A param the mapping does not cover would silently vanish from the export."""
+  import jax
+  from configs import bert as bert_configs
+  model = encoders.build(bert_configs.get_config("tiny").model)
+  params = encoders.init_params(model, jax.random.PRNGKey(0))
+  params = dict(params, extra={"kernel": np.zeros((2, 2), np.float32)})
+  with pytest.raises(ValueError, match="extra/kernel"):
+    encoders.to_hf(model, params, str(tmp_path / "out"))
+  assert not (tmp_path / "out").exists()
