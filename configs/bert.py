@@ -30,7 +30,7 @@ def get_config(arg="base"):
   c.model.intermediate_size = 4 * hidden
   c.model.heads = ("mlm", "nsp")
   c.objective.name = "mlm_nsp"
-  c.objective.max_predictions = 20  # BERT's max_predictions_per_seq at length 128
+  c.objective.max_predictions = -1  # auto: ceil(0.15 * seq_len), BERT's 20 at length 128
   c.data.packing = "pairs"
   c.data.seq_len = 128
   if a.variant == "tiny":

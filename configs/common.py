@@ -80,16 +80,25 @@ def base_config():
   c = ml_collections.ConfigDict()
   c.model = model_defaults()
 
+  # Continued pretraining: an HF directory (config.json + weights + tokenizer) to start
+  # from. The model section comes from it (keeping dtype, attention_impl, remat_policy,
+  # scan_layers, vocab_pad_multiple and heads from here), its weights are loaded after
+  # init (heads it lacks start fresh), and its tokenizer replaces the tokenizer section.
+  c.init_from = ""
+
   c.objective = ml_collections.ConfigDict()
-  c.objective.name = "mlm"  # mlm | mlm_nsp (later: sop, rtd, distill)
+  # mlm | mlm_nsp (BERT; data.packing=pairs, data.pair_task=nsp) | mlm_sop (ALBERT;
+  # data.packing=pairs, data.pair_task=sop)
+  c.objective.name = "mlm"
   c.objective.mask_rate = 0.15
   c.objective.mask_token_prob = 0.8  # of the selected tokens: 80% [MASK]
   c.objective.random_token_prob = 0.1  # 10% random token, the rest unchanged
   c.objective.whole_word = False
   c.objective.nsp_prob = 0.5  # probability the second segment is a random one
-  # >0: the MLM head runs only on (at most) this many masked positions per row (BERT's
-  # max_predictions_per_seq); 0: on every position.
-  c.objective.max_predictions = 0
+  # The MLM head's positions per row (BERT's max_predictions_per_seq): -1 = auto,
+  # ceil(mask_rate * seq_len) (20 at 128 and 15%), follows seq_len; >0 = an explicit cap
+  # (an error if below ceil(mask_rate * seq_len)); 0 = the head runs on every position.
+  c.objective.max_predictions = -1
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "default"  # default | text | tfds

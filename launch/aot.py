@@ -5,16 +5,16 @@ machine (this CPU included): does it fit in HBM, and how fast does XLA expect it
       [--seq 512] [--mesh=-1,1,1] [--config.model.attention_impl=splash ...]
 
 What it does: `jax.experimental.topologies.get_topology_desc` (libtpu) describes the TPU
-slice without one; `launch.train.build(config, tokenizer, devices=topology.devices)`
+slice without one; `launch.trainer.build(config, tokenizer, devices=topology.devices)`
 builds the exact train step the trainer runs (mesh, logical-axis shardings, donated
 state, objective, optimizer); it is lowered with the abstract sharded state and an
-abstract batch shaped like the pipeline's, under the mesh context, and compiled by the
-TPU compiler. From the compiled program:
+abstract batch from the objective's batch spec (launch/synthetic.py), under the mesh
+context, and compiled by the TPU compiler. From the compiled program:
 - per-device HBM: XLA's buffer assignment (arguments + outputs - donated aliases +
-  temporaries + program code), against the chip's capacity (table below);
+  temporaries + program code), against the chip's capacity (launch/devices.py);
 - XLA's cost-model estimate of the step time (`cost_analysis()["optimal_seconds"]`), and
-  the MFU it implies: our exact model FLOPs of the step (launch/flops.py) per device /
-  estimated time / the chip's published bf16 peak (per device).
+  the MFU it implies: the objective's model FLOPs of the step per device / estimated
+  time / the chip's published bf16 peak (per device).
 Exit status: 0 when the step fits, 1 when it does not (or the compiler runs out of
 memory), 2 for a usage or setup problem (bad topology name, libtpu missing).
 
@@ -29,14 +29,13 @@ import sys
 import time
 from typing import Any, Dict, Optional, Sequence
 
+from launch import devices as devices_lib
+from launch import runinfo, synthetic
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL_LIBTPU = os.path.join(_REPO, ".cache", "libtpu", "libtpu", "libtpu.so")
-
-# HBM per chip in GiB, by the device_kind the topology reports.
-HBM_GIB = {
-    "TPU v2": 16, "TPU v3": 32, "TPU v4": 32, "TPU v5 lite": 16, "TPU v5e": 16,
-    "TPU v5p": 95, "TPU v5": 95, "TPU v6 lite": 32, "TPU v6e": 32,
-}
+hbm_per_chip = devices_lib.hbm_per_chip
+cores_per_chip = devices_lib.cores_per_chip
 
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_USAGE = 0, 1, 2
 
@@ -86,19 +85,6 @@ def quiet_libtpu_env():
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
-def hbm_per_chip(device_kind: str) -> Optional[float]:
-  for name, gib in sorted(HBM_GIB.items(), key=lambda kv: -len(kv[0])):
-    if device_kind.startswith(name) or name in device_kind:
-      return gib * 2**30
-  return None
-
-
-def cores_per_chip(devices) -> int:
-  """JAX devices per physical chip (1 with megacore; 2 where each TensorCore is one)."""
-  coords = {tuple(getattr(d, "coords", (i,))) for i, d in enumerate(devices)}
-  return max(1, len(devices) // max(1, len(coords)))
-
-
 def get_topology(name: str):
   from jax.experimental import topologies
   try:
@@ -115,25 +101,6 @@ def parse_mesh(text: str):
   if len(shape) != 3:
     raise AotError(f"--mesh={text!r}: give data,fsdp,tensor sizes, e.g. -1,1,1 or 2,1,2")
   return shape
-
-
-def row_sharded(shapes, batch_sharding):
-  """ShapeDtypeStructs of `shapes` (a dict of arrays or shape structs) with their rows
-  sharded like the trainer's batches and every other dim replicated."""
-  import jax
-  from launch import sharding
-  return {k: jax.ShapeDtypeStruct(v.shape, v.dtype,
-                                  sharding=sharding.row_sharding(batch_sharding, len(v.shape)))
-          for k, v in shapes.items()}
-
-
-def abstract_batch(config, batch: int, seq: int, batch_sharding):
-  """ShapeDtypeStructs of a pipeline batch, rows sharded like the trainer's batches."""
-  import jax
-  from launch import bench
-  host = bench.full_batch(config, 1, seq)  # only the keys and dtypes are used
-  shapes = {k: jax.ShapeDtypeStruct((batch,) + v.shape[1:], v.dtype) for k, v in host.items()}
-  return row_sharded(shapes, batch_sharding)
 
 
 def _cost(compiled) -> Dict[str, float]:
@@ -155,7 +122,7 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
   """Builds, lowers and compiles the train step for `topology`; returns the report."""
   import ml_collections
   from encoders import base
-  from launch import bench, flops, train
+  from launch import trainer
   topo = get_topology(topology)
   devices = list(topo.devices)
   config = ml_collections.ConfigDict(config.to_dict())
@@ -171,18 +138,19 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
   if capacity is None:
     raise AotError(f"HBM of {kind!r} is not in the table; pass --hbm_gib")
   capacity = capacity / (1 if hbm_gib else per_chip)
-  peak = flops.chip_peak_flops(kind) / per_chip
-  tok = bench.SyntheticTokenizer.for_model(config.model)
+  peak = devices_lib.chip_peak_flops(kind) / per_chip
+  tok = synthetic.SyntheticTokenizer.for_model(config.model)
   t0 = time.perf_counter()
   try:
-    setup = train.build(config, tok, devices=devices)
+    setup = trainer.build(config, tok, devices=devices)
   except ValueError as e:
     raise AotError(str(e)) from e
-  batch = abstract_batch(config, global_batch, seq, setup.batch_sharding)
+  batch = synthetic.abstract_batch(setup.objective, global_batch, seq, setup.batch_sharding)
   report: Dict[str, Any] = {
       "topology": topology, "device_kind": kind, "devices": len(devices),
       "devices_per_chip": per_chip, "mesh": dict(setup.mesh.shape),
-      "global_batch": global_batch, "seq": seq, "config": bench._config_summary(config),
+      "global_batch": global_batch, "seq": seq,
+      "config": runinfo.config_summary(config, setup.objective),
       "hbm_capacity_bytes": capacity, "peak_flops_per_device": peak}
   try:
     compiled = setup.train_step.lower(setup.abstract_state, batch).compile()
@@ -193,15 +161,14 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
     raise
   report["compile_s"] = time.perf_counter() - t0
   m = compiled.memory_analysis()
-  used = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-          + m.temp_size_in_bytes + m.generated_code_size_in_bytes)
+  used = devices_lib.memory_bytes(compiled, code=True)
   report["memory"] = {
       "arguments": int(m.argument_size_in_bytes), "outputs": int(m.output_size_in_bytes),
       "aliased": int(m.alias_size_in_bytes), "temporaries": int(m.temp_size_in_bytes),
       "code": int(m.generated_code_size_in_bytes), "total": int(used)}
   report["fits"] = bool(used <= capacity)
   cost = _cost(compiled)
-  model_flops = 3.0 * global_batch * setup.objective.forward_flops(seq)
+  model_flops = global_batch * setup.objective.flops_per_example(seq)
   report["model_flops_per_step"] = model_flops
   report["model_flops_per_device"] = model_flops / len(devices)
   report["xla_flops_per_device"] = cost.get("flops")
@@ -232,7 +199,7 @@ def _step_time_estimate(config, tok, devices, setup, batch, est, hlo):
   (masking: elementwise and sorts over (B, T), tiny next to the model) beforehand. The
   masking is written with gathers and scans only, so today's step is priced directly."""
   import ml_collections
-  from launch import train
+  from launch import trainer
   loops = _has_loop(hlo)
   if est is not None and est > 0 and not loops:
     return est, []
@@ -242,7 +209,7 @@ def _step_time_estimate(config, tok, devices, setup, batch, est, hlo):
     twin = ml_collections.ConfigDict(config.to_dict())
     twin.model.scan_layers = False
     twin.optimizer.grad_accum_steps = 1
-    price_setup = train.build(twin, tok, devices=devices)
+    price_setup = trainer.build(twin, tok, devices=devices)
     notes.append("layers unrolled and no accumulation loop (XLA prices a loop body once)")
     est, loops = _price(price_setup, batch)
   if est is None or est <= 0:
@@ -274,7 +241,7 @@ def _estimate_without_transform(setup, batch):
   key = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
   shapes = jax.eval_shape(
       lambda b, k: objective.transform(b, jax.random.wrap_key_data(k)), batch, key)
-  pre = row_sharded(shapes, setup.batch_sharding)
+  pre = synthetic.row_sharded(shapes, setup.batch_sharding)
   objective.transform = lambda b, rng: b
   try:
     return _price(setup, pre)
@@ -288,7 +255,7 @@ def format_report(r: Dict[str, Any]) -> str:
   lines = [f"AOT train step: {c['family']} {c['variant']} (L{c['layers']} H{c['hidden']}), "
            f"global batch {r['global_batch']} x seq {r['seq']}, {c['dtype']}, "
            f"attention={c['attention_impl']}, remat={c['remat_policy']}, "
-           f"scan_layers={c['scan_layers']}, max_predictions={c['max_predictions']}, "
+           f"scan_layers={c['scan_layers']}, objective={runinfo.objective_text(c)}, "
            f"vocab_pad_multiple={c['vocab_pad_multiple']}",
            f"topology {r['topology']}: {r['devices']} x {r['device_kind']} "
            f"({r['devices_per_chip']} device(s) per chip), mesh {r['mesh']}"]
@@ -366,7 +333,6 @@ def main(argv):
 
 def _entry():
   from absl import app
-  from launch import bench
   if find_libtpu() is None:
     req = libtpu_requirement()
     print("error: libtpu is not installed, and the TPU compiler comes with it. Install it "
@@ -377,7 +343,7 @@ def _entry():
   quiet_libtpu_env()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the host runs nothing; TPU is compile-only
   _define_flags()
-  app.run(main, argv=bench.normalize_argv(sys.argv))
+  app.run(main, argv=runinfo.normalize_argv(sys.argv))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
   python -m launch.pretrain --config configs/bert.py:tiny --workdir /tmp/bert_tiny \
       [--config.train.steps=2000 --config.optimizer.learning_rate=5e-4 ...]
+  python -m launch.pretrain --config configs/bert.py:tiny --workdir /tmp/continued \
+      --config.init_from=/path/to/hf_dir     # continued pretraining from an HF directory
 
 The config is locked: an override of a key that does not exist is an error. A run in a
 workdir that already holds checkpoints resumes from the latest one.
@@ -38,8 +40,8 @@ def main(argv):
       logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
   for noisy in ("absl", "jax", "orbax", "grain", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
-  from launch import train
-  result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  from launch import trainer
+  result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   ev = result["eval"]
   if ev:
     print("final eval: " + "  ".join(f"{k} {v:.4f}" for k, v in sorted(ev.items())

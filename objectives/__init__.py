@@ -1,4 +1,7 @@
-"""Pretraining objectives. Each provides what the one trainer needs: the modules it trains,
-their init, its on-device batch transform, loss and summable metrics, and its export."""
-from objectives.base import Objective, get_objective, register_objective
-from objectives import mlm  # noqa: F401  (registers mlm, mlm_nsp)
+"""Pretraining objectives. Each gives the one trainer what it needs (objectives/base.py):
+its modules, which are trained and which frozen, init and an after-init hook, the batch
+transform, a loss as sums plus global normalizers, metrics, FLOPs, a batch spec, baselines
+and export."""
+from objectives.base import (Objective, get_objective, objective_class, prepare_config,
+                             register_objective)
+from objectives import mlm  # noqa: F401  (registers mlm, mlm_nsp, mlm_sop)

@@ -36,12 +36,47 @@ Of the selected tokens, each independently becomes `mask_id` with probability
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["mask_tokens", "special_tokens_mask_from_ids"]
+__all__ = ["mask_tokens", "special_tokens_mask_from_ids", "prediction_budget"]
+
+
+def prediction_budget(mask_rate: float, seq_len: int, max_predictions: int) -> int:
+  """How many masked positions per row the MLM head is computed on (the width M of the
+  gathered `masked_positions`), from `objective.max_predictions`:
+
+  - 0: none gathered; the head runs on every position (returns 0);
+  - -1: auto, `ceil(mask_rate * seq_len)` (BERT's 20 at length 128 and 15%), at least 1;
+    this follows `seq_len`, so a longer sequence masks the same fraction;
+  - > 0: an explicit cap, which must hold `ceil(mask_rate * seq_len)`: a smaller one would
+    silently mask less than `mask_rate` of the tokens, and is a ValueError naming both.
+
+  A row's budget is `round(mask_rate * n_real)` with `n_real <= seq_len`, so the auto
+  width never truncates a row's selection.
+  """
+  if not isinstance(max_predictions, numbers.Integral) or max_predictions < -1:
+    raise ValueError(f"objective.max_predictions must be -1 (auto), 0 (every position) or "
+                     f"a positive cap, got {max_predictions!r}")
+  _check_prob("mask_rate", mask_rate)
+  if not isinstance(seq_len, numbers.Integral) or seq_len < 1:
+    raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+  # The tolerance keeps float noise (0.15 * 20 = 3.0000000000000004) from adding a slot.
+  needed = max(1, math.ceil(float(mask_rate) * int(seq_len) - 1e-6))
+  if max_predictions == 0:
+    return 0
+  if max_predictions == -1:
+    return needed
+  if max_predictions < needed:
+    raise ValueError(
+        f"objective.max_predictions={max_predictions} is smaller than the "
+        f"ceil(mask_rate * seq_len) = ceil({mask_rate} * {seq_len}) = {needed} masked "
+        f"positions a row may need: it would mask less than {mask_rate:.0%}. Use -1 (auto, "
+        f"{needed}), 0 (every position) or a cap >= {needed}")
+  return int(max_predictions)
 
 
 def special_tokens_mask_from_ids(input_ids, special_ids):

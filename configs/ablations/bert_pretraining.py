@@ -33,5 +33,5 @@ def get_config(arg="tiny,setting=nsp"):
     c.objective.whole_word = True
   if a.setting == "mask40":
     c.objective.mask_rate = 0.4
-    c.objective.max_predictions = int(0.4 * c.data.seq_len) + 1
+    c.objective.max_predictions = -1  # auto: ceil(0.4 * seq_len), follows seq_len
   return c.lock()

@@ -107,14 +107,14 @@ def test_fallback_twin_prices_the_step_with_the_transform_done_beforehand():
   # identity transform, and the objective's own transform is back afterwards.
   import jax
   from configs import bert as bert_configs
-  from launch import bench, train
+  from launch import synthetic, trainer
   c = bert_configs.get_config("tiny").unlock()
   c.model.num_hidden_layers, c.model.vocab_size = 1, 512
   c.data.global_batch, c.data.seq_len, c.mesh.shape = 4, 32, (2, 1, 1)
-  tok = bench.SyntheticTokenizer.for_model(c.model)
+  tok = synthetic.SyntheticTokenizer.for_model(c.model)
   devices = jax.devices()[:2]
-  setup = train.build(c, tok, devices=devices)
-  batch = aot.abstract_batch(c, 4, 32, setup.batch_sharding)
+  setup = trainer.build(c, tok, devices=devices)
+  batch = synthetic.abstract_batch(setup.objective, 4, 32, setup.batch_sharding)
   before = setup.objective.transform
   est, notes = aot._step_time_estimate(c, tok, devices, setup, batch, None, "")
   assert notes[0] == ("without the objective's batch transform, which XLA's TPU cost "
@@ -124,4 +124,4 @@ def test_fallback_twin_prices_the_step_with_the_transform_done_beforehand():
                             "bound"}
   assert setup.objective.transform == before  # the identity stand-in is gone again
   assert "mlm_weights" in setup.objective.transform(
-      bench.full_batch(c, 4, 32), jax.random.PRNGKey(0))
+      synthetic.full_batch(setup.objective, 4, 32), jax.random.PRNGKey(0))

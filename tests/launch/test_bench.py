@@ -10,7 +10,7 @@ import pytest
 
 from configs import bert as bert_configs
 from configs import roberta as roberta_configs
-from launch import bench
+from launch import bench, synthetic
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = dict(num_hidden_layers=1, vocab_size=512)
@@ -24,40 +24,47 @@ def _config(module=bert_configs, arg="tiny", **model):
   return c
 
 
-def test_full_batch_is_shaped_like_the_pipeline():
+def _objective(c):
+  import objectives
+  return objectives.get_objective(c, synthetic.SyntheticTokenizer.for_model(c.model))
+
+
+def test_full_batch_follows_the_objectives_spec():
   c = _config()
-  b = bench.full_batch(c, 4, 32)
-  assert set(b) == {"input_ids", "segment_ids", "token_type_ids", "position_ids",
-                    "special_tokens_mask", "word_starts", "next_sentence_label"}
-  for k in ("input_ids", "segment_ids", "token_type_ids", "position_ids"):
+  b = synthetic.full_batch(_objective(c), 4, 32)
+  assert set(b) == {"input_ids", "segment_ids", "token_type_ids", "special_tokens_mask",
+                    "next_sentence_label"}
+  for k in ("input_ids", "segment_ids", "token_type_ids"):
     assert b[k].shape == (4, 32) and b[k].dtype == np.int32
-  assert b["special_tokens_mask"].dtype == bool and b["word_starts"].dtype == bool
+  assert b["special_tokens_mask"].dtype == bool
   assert b["next_sentence_label"].shape == (4,)
   assert b["input_ids"].max() < c.model.vocab_size
   assert (b["token_type_ids"][:, -1] == 1).all()  # a sentence pair per row
-  rb = bench.full_batch(_config(roberta_configs, "base"), 2, 16)
+  rb = synthetic.full_batch(_objective(_config(roberta_configs, "base")), 2, 16)
   assert "next_sentence_label" not in rb
 
 
 def test_packing_and_padding_cover_the_same_documents():
   c = _config(roberta_configs, "base")
-  lengths = bench.doc_lengths("lognormal:20:1.0", 24, 64, seed=3)
-  assert lengths.min() >= bench.MIN_DOC_LEN and lengths.max() <= 64
-  rows = bench.pack_first_fit(lengths, 64)
+  lengths = synthetic.doc_lengths("lognormal:20:1.0", 24, 64, seed=3)
+  assert lengths.min() >= synthetic.MIN_DOC_LEN and lengths.max() <= 64
+  rows = synthetic.pack_first_fit(lengths, 64)
   assert sorted(i for r in rows for i in r) == list(range(24))
   assert all(sum(lengths[i] for i in r) <= 64 for r in rows)
-  packed = bench.packed_batches(c, lengths, 4, 64)
-  padded = bench.padded_batches(c, lengths, 4, 64, pad_multiple=16)
+  packed = synthetic.packed_layouts(lengths, 4, 64)
+  padded = synthetic.padded_layouts(lengths, 4, 64, pad_multiple=16)
   total = int(lengths.sum())
-  assert sum(bench.real_tokens(b) for b in packed) == total
-  assert sum(bench.real_tokens(b) for b in padded) == total
-  assert all(b["input_ids"].shape[1] % 16 == 0 for b in padded)
-  seg = packed[0]["segment_ids"][0]
+  for layouts in (packed, padded):
+    assert sum(sum(map(sum, layout)) for layout, _ in layouts) == total
+    assert all(len(layout) == 4 for layout, _ in layouts)
+  assert all(w % 16 == 0 for _, w in padded)
+  batches = synthetic.batches(_objective(c), packed)
+  real = sum(int((b["segment_ids"] > 0).sum()) for b in batches)
+  assert real == total
+  seg = batches[0]["segment_ids"][0]
   assert seg.max() >= 1 and (np.diff(seg[seg > 0]) >= 0).all()
-  pos = packed[0]["position_ids"][0]
-  assert (pos[np.flatnonzero(np.diff(seg, prepend=0))] == 0).all()  # restart per document
   with pytest.raises(ValueError, match="uniform:LO:HI"):
-    bench.doc_lengths("zipf:2", 4, 64)
+    synthetic.doc_lengths("zipf:2", 4, 64)
 
 
 def test_forward_against_transformers():
@@ -84,7 +91,7 @@ def test_train_step_against_transformers_with_gathered_mlm_positions():
   assert r["theirs"]["architecture"] == "RobertaForMaskedLM"
   # Ours decodes 6 positions per row, transformers every one of the 32.
   assert r["ours"]["flops_per_step"] < r["theirs"]["flops_per_step"]
-  assert r["config"]["max_predictions"] == 6
+  assert r["config"]["objective"]["max_predictions"] == 6
 
 
 def test_packed_vs_padded():

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from launch import metrics as metrics_lib
+from launch.trainer import metrics as metrics_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OVERRIDES = ["--config.model.num_hidden_layers=1", "--config.model.hidden_size=32",

@@ -1,4 +1,4 @@
-"""launch.optim: optimizers, schedules, weight-decay mask, clipping, accumulation."""
+"""launch.trainer.optim: optimizers, schedules, weight-decay mask, clipping, accumulation."""
 import math
 
 import flax.linen as nn
@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from launch.optim import decay_mask, make_optimizer, make_schedule, optimizer_step_count
+from launch.trainer.optim import decay_mask, make_optimizer, make_schedule, optimizer_step_count
 
 
 def opt_config(**overrides):

@@ -13,8 +13,9 @@ import pytest
 
 from configs import bert as bert_configs
 from configs import roberta as roberta_configs
-from launch import metrics as metrics_lib
-from launch import train
+from launch import synthetic
+from launch import trainer as train
+from launch.trainer import metrics as metrics_lib
 
 
 def small_config(base=bert_configs, variant="tiny", **overrides):
@@ -73,7 +74,7 @@ def _devices(n):
 def test_sharding_layouts_match_one_device(tmp_path, tokenizer_cache):
   runs = {"one": ((1, 1, 1), 1), "data": ((8, 1, 1), 8), "fsdp": ((1, 8, 1), 8),
           "tensor": ((4, 1, 2), 8), "mixed": ((2, 2, 2), 8)}
-  losses = {}
+  losses, gnorms = {}, {}
   for name, (shape, n) in runs.items():
     c = small_config(mesh__shape=shape, train__steps=4, checkpoint__every=100)
     wd = _workdir(tmp_path, name, tokenizer_cache)
@@ -81,11 +82,15 @@ def test_sharding_layouts_match_one_device(tmp_path, tokenizer_cache):
     losses[name] = _train_losses(wd)
     nsp = _train_losses(wd, "nsp_loss")
     assert len(nsp) == 4
+    gnorms[name] = _train_losses(wd, "grad_norm")
   ref = losses.pop("one")
   assert len(ref) == 4 and ref[4] < ref[1]
   for name, got in losses.items():
     np.testing.assert_allclose([got[s] for s in sorted(got)], [ref[s] for s in sorted(ref)],
                                rtol=1e-4, err_msg=name)
+    # Steps 1 and 2 see the initial params (lr is 0 at step 0): the same gradient.
+    np.testing.assert_allclose([gnorms[name][s] for s in (1, 2)],
+                               [gnorms["one"][s] for s in (1, 2)], rtol=1e-5, err_msg=name)
 
 
 def test_params_are_really_sharded(tokenizer_cache):
@@ -101,8 +106,8 @@ def test_params_are_really_sharded(tokenizer_cache):
   assert mu.sharding == q.sharding  # optimizer state follows its parameter
   # The step is traced under the trainer's mesh, so the model's activation constraints
   # are in the program (without a mesh context flax drops them silently).
-  from launch import aot
-  batch = aot.abstract_batch(c, c.data.global_batch, c.data.seq_len, setup.batch_sharding)
+  batch = synthetic.abstract_batch(setup.objective, c.data.global_batch, c.data.seq_len,
+                                   setup.batch_sharding)
   text = setup.train_step.lower(setup.abstract_state, batch).as_text()
   assert '[{"data", "fsdp"}, {}, {"tensor"}, {}]' in text  # (batch, len, heads, kv)
   assert '[{"data", "fsdp"}, {}, {"tensor"}]' in text  # the MLP's hidden activations
@@ -150,7 +155,11 @@ def test_outputs_metrics_and_export(tmp_path, tokenizer_cache):
   trains = [r for r in records if r.get("split") == "train"]
   for key in ("tokens_per_s", "mfu", "eta_s", "learning_rate", "grad_norm"):
     assert key in trains[-1]
-  assert any(r.get("split") == "baseline" for r in records)
+  base = [r for r in records if r.get("split") == "baseline"][0]
+  # The baselines score exactly the eval's masked positions and counted pairs.
+  assert base["mlm_count"] == evals[-1]["mlm_count"] == evals[0]["mlm_count"]
+  assert base["nsp_count"] == evals[-1]["nsp_count"]
+  assert 0 <= base["mlm_majority_accuracy"] < 1 and 0 < base["nsp_majority_accuracy"] < 1
   assert os.path.getsize(os.path.join(wd, "loss.png")) > 1000
   assert os.listdir(os.path.join(wd, "tensorboard"))
   # The exported model loads in transformers and gives our logits.
@@ -169,22 +178,74 @@ def test_outputs_metrics_and_export(tmp_path, tokenizer_cache):
                                 trained["embeddings"]["word_embeddings"]["embedding"])
 
 
-def test_roberta_packed_documents_and_grad_accumulation(tmp_path, tokenizer_cache):
-  losses = {}
-  for accum in (1, 2):
-    wd = _workdir(tmp_path, f"acc{accum}", tokenizer_cache)
-    c = small_config(roberta_configs, "base", optimizer__grad_accum_steps=accum,
-                     train__steps=3, model__hidden_dropout_prob=0.0,
-                     model__attention_probs_dropout_prob=0.0)
-    c.model.num_hidden_layers, c.model.hidden_size = 2, 64
-    c.model.num_attention_heads, c.model.intermediate_size = 2, 128
-    train.train_and_evaluate(c, wd, _devices(1))
-    losses[accum] = _train_losses(wd)
-    assert not _train_losses(wd, "nsp_loss")  # RoBERTa: no NSP
-  # Same data, same masks: step 1 is identical; later steps differ only by how the
-  # micro-batch means are weighted.
-  np.testing.assert_allclose(losses[2][1], losses[1][1], rtol=1e-5)
-  np.testing.assert_allclose(losses[2][3], losses[1][3], rtol=2e-2)
+def test_roberta_packed_documents_with_grad_accumulation(tmp_path, tokenizer_cache):
+  wd = _workdir(tmp_path, "acc2", tokenizer_cache)
+  c = small_config(roberta_configs, "base", optimizer__grad_accum_steps=2, train__steps=3)
+  c.model.num_hidden_layers, c.model.hidden_size = 2, 64
+  c.model.num_attention_heads, c.model.intermediate_size = 2, 128
+  train.train_and_evaluate(c, wd, _devices(1))
+  losses = _train_losses(wd)
+  assert sorted(losses) == [1, 2, 3] and all(np.isfinite(list(losses.values())))
+  assert not _train_losses(wd, "nsp_loss")  # RoBERTa: no NSP
+
+
+def _uneven_batch(objective, rows=16, seq=32, seed=0):
+  """Rows of very different lengths (and two all-padding rows, pair label -1), so the
+  micro-batches of an accumulation hold different numbers of masked tokens."""
+  rng = np.random.RandomState(seed)
+  layout = [[int(n)] for n in rng.randint(6, seq + 1, rows - 2)] + [[], []]
+  layout[0], layout[1] = [seq], [6]
+  return objective.batch_spec().synthesize(layout, seq, seed)
+
+
+def _flat_grads(tree):
+  return np.concatenate([np.ravel(x) for x in jax.tree.leaves(jax.device_get(tree))])
+
+
+def test_grad_accumulation_gives_the_full_batch_gradient():
+  """Correctness: micro-batches return sums and the step divides once by the global
+  normalizers, so accumulation 1, 2 and 4 give one gradient (float32, dropout off)."""
+  c = small_config(optimizer__clip_norm=0.0, model__hidden_dropout_prob=0.0,
+                   model__attention_probs_dropout_prob=0.0)
+  c.model.vocab_size = 600
+  tok = synthetic.SyntheticTokenizer.for_model(c.model)
+  setup = train.build(c, tok, _devices(1))
+  state = setup.init_state()
+  objective = setup.objective
+  batch = jax.tree.map(jnp.asarray, _uneven_batch(objective))
+  transformed = jax.jit(objective.transform)(batch, jax.random.PRNGKey(3))
+  counts = np.asarray(transformed["mlm_weights"]).reshape(4, -1).sum(1)
+  assert len(set(counts.tolist())) > 1  # the micro-batches really are uneven
+  grads = {}
+  for accum in (1, 2, 4):
+    fn = jax.jit(lambda p, f, b, accum=accum: train.gradients(
+        objective, p, f, b, jax.random.PRNGKey(0), accum))
+    g, sums = fn(state.params, state.frozen, transformed)
+    grads[accum] = _flat_grads(g)
+    assert float(sums["nsp_weight_sum"]) == 14  # padding rows (label -1) not counted
+    assert float(sums["mlm_weight_sum"]) == counts.sum()
+  ref = grads[1]
+  for accum in (2, 4):
+    rel = np.linalg.norm(grads[accum] - ref) / np.linalg.norm(ref)
+    assert rel < 1e-5, (accum, rel)
+  # The mean of per-micro-batch means (the old scheme) is measurably different here.
+  one = jax.jit(lambda p, f, b: train.gradients(objective, p, f, b, jax.random.PRNGKey(0), 1))
+  wrong = 0
+  for i in range(4):
+    mb = jax.tree.map(lambda x: x.reshape((4, -1) + x.shape[1:])[i], transformed)
+    wrong = wrong + _flat_grads(one(state.params, state.frozen, mb)[0]) / 4
+  assert np.linalg.norm(wrong - ref) / np.linalg.norm(ref) > 1e-3
+
+  # The real step reports the same gradient norm at accumulation 1 and 4.
+  gnorm = {}
+  for accum in (1, 4):
+    c.optimizer.grad_accum_steps = accum
+    s = train.build(c, tok, _devices(1))
+    from launch.trainer import sharding
+    _, sums = s.train_step(s.init_state(), sharding.global_batch(
+        _uneven_batch(s.objective), s.batch_sharding))
+    gnorm[accum] = float(sums["grad_norm"])
+  np.testing.assert_allclose(gnorm[4], gnorm[1], rtol=1e-5)
 
 
 def test_loss_counts_only_masked_real_tokens(tokenizer_cache):
@@ -199,7 +260,8 @@ def test_loss_counts_only_masked_real_tokens(tokenizer_cache):
   assert (batch["segment_ids"] == 0).any()  # the batch has padding
   rng = jax.random.PRNGKey(7)
   transformed = setup.objective.transform(batch, rng)
-  loss, sums = setup.objective.loss(state.params, transformed, rng, False)
+  terms, sums = setup.objective.loss(state.params, transformed, rng, False)
+  assert set(terms) == {"mlm", "nsp"} and terms["mlm"] == sums["mlm_loss_sum"]
   # Recompute by hand from the same masks and the model's logits at every position.
   m = masking.mask_tokens(rng, batch["input_ids"], batch["special_tokens_mask"],
                           vocab_size=pipeline.tokenizer.vocab_size,
@@ -220,13 +282,20 @@ def test_loss_counts_only_masked_real_tokens(tokenizer_cache):
   assert nsp == batch["input_ids"].shape[0]
 
 
-def test_bad_token_ids_in_a_batch_are_refused():
+def test_bad_batches_are_refused():
+  import objectives
   c = small_config()
   c.model.vocab_size = 600
-  batch = {"input_ids": np.full((2, 8), 600, np.int32), "token_type_ids": np.zeros((2, 8), int),
-           "segment_ids": np.ones((2, 8), np.int32)}
+  objective = objectives.get_objective(c, synthetic.SyntheticTokenizer.for_model(c.model))
+  batch = synthetic.full_batch(objective, 2, 8)
+  objective.check_batch(batch)
   with pytest.raises(ValueError, match="input_ids contains 600"):
-    train.check_batch(c, batch)
+    objective.check_batch(dict(batch, input_ids=np.full((2, 8), 600, np.int32)))
+  with pytest.raises(ValueError, match="next_sentence_label"):
+    objective.batch_spec().select({k: v for k, v in batch.items()
+                                   if k != "next_sentence_label"})
+  with pytest.raises(ValueError, match="segment_ids"):
+    objective.check_batch(dict(batch, segment_ids=np.ones((2, 9), np.int32)))
 
 
 def test_cli_refuses_unknown_override(tmp_path):

@@ -46,16 +46,23 @@ class MetricWriter:
       self.tb.close()
 
 
-_SHOWN = ("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "sop_accuracy",
-          "rtd_accuracy", "learning_rate", "tokens_per_s", "mfu", "eta_s")
+_TAIL = ("learning_rate", "tokens_per_s", "mfu", "eta_s")
+
+
+def _shown(m):
+  """Every `<prefix>_loss` and `<prefix>_accuracy` (by prefix, loss first), then the
+  progress numbers."""
+  terms = sorted((k for k in m if k.endswith("_loss") or k.endswith("_accuracy")),
+                 key=lambda k: (k.rsplit("_", 1)[0], not k.endswith("_loss")))
+  return terms + [k for k in _TAIL if k in m]
 
 
 def format_line(step, split, m):
   parts = [f"[{split}] step {step}"]
-  for k in _SHOWN:
-    if k not in m:
-      continue
+  for k in _shown(m):
     v = m[k]
+    if not isinstance(v, (int, float)):
+      continue
     if k == "eta_s":
       parts.append(f"eta {int(v) // 60}m{int(v) % 60:02d}s")
     elif k == "tokens_per_s":
@@ -108,9 +115,10 @@ def plot(workdir, out_name="loss.png"):
       pts = [(r["step"], r[key]) for r in rows if key in r]
       axes[1].plot(*zip(*pts), style, label=f"{split} {key}")
   base = [r for r in records if r.get("split") == "baseline"]
-  if base:
-    axes[1].axhline(base[-1]["majority_accuracy"], color="gray", ls="--",
-                    label="most frequent token")
+  if base:  # every "<prefix>_majority_accuracy" of the objective's baselines
+    for i, key in enumerate(sorted(k for k in base[-1] if k.endswith("_majority_accuracy"))):
+      axes[1].axhline(base[-1][key], color="gray", ls=("--", ":", "-.")[i % 3],
+                      label=key.replace("_", " "))
   axes[0].set_title("loss"), axes[1].set_title("accuracy")
   for ax in axes:
     ax.set_xlabel("step")

@@ -2,6 +2,10 @@
 
 `make_optimizer(opt_config, total_steps) -> (tx, schedule_fn)`:
 
+(The trainer accumulates gradients inside its step, exactly: launch/trainer/step.py. It
+builds `tx` with grad_accum_steps=1; MultiSteps below serves callers that feed one
+micro-batch per `tx.update` call.)
+
 - `tx` = [MultiSteps over] chain(clip_by_global_norm, adamw | lamb).
 - Step counting: `total_steps` and the argument of `schedule_fn` count OPTIMIZER
   UPDATES (one update = one global batch = `grad_accum_steps` micro-batches). With

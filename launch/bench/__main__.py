@@ -1,0 +1,60 @@
+"""`python -m launch.bench`: the command line (see launch/bench/__init__.py)."""
+import json
+import sys
+
+from launch import runinfo
+from launch.bench import report, runs
+
+
+def _define_flags():
+  from absl import flags
+  from ml_collections import config_flags
+  if "mode" in flags.FLAGS:
+    return flags.FLAGS
+  config_flags.DEFINE_config_file("config", None, "config file[:arg]", lock_config=True)
+  flags.DEFINE_enum("mode", "train", ["forward", "train"], "what to time")
+  flags.DEFINE_integer("batch", 8, "rows per step (the global batch)")
+  flags.DEFINE_integer("seq", 0, "sequence length (0: config.data.seq_len)")
+  flags.DEFINE_integer("iters", 10, "timed iterations (with --packed: documents = "
+                       "batch * iters)")
+  flags.DEFINE_integer("warmup", 2, "untimed iterations after compiling")
+  flags.DEFINE_bool("compare_hf", False, "also time transformers' PyTorch model")
+  flags.DEFINE_string("packed", "", "document length distribution: time packed vs padded "
+                      "documents (uniform:LO:HI, lognormal:MEDIAN:SIGMA, fixed:N)")
+  flags.DEFINE_integer("pad_multiple", 16, "--packed: pad each batch to a multiple of this")
+  flags.DEFINE_integer("passes", 2, "--packed: timed passes over the documents (best kept)")
+  flags.DEFINE_integer("seed", 0, "seed of the synthetic batches")
+  flags.DEFINE_string("json", "", "also write the full result to this JSON file")
+  flags.mark_flag_as_required("config")
+  return flags.FLAGS
+
+
+def main(argv):
+  del argv
+  import logging
+  for noisy in ("absl", "jax", "orbax"):
+    logging.getLogger(noisy).setLevel(logging.WARNING)
+  F = _define_flags()
+  config = F.config
+  if F.packed and F.compare_hf:
+    raise SystemExit("--packed and --compare-hf do not combine: transformers' BERT has no "
+                     "segment-aware attention for packed rows")
+  if F.packed:
+    result = runs.bench_packed(config, F.packed, F.mode, F.batch, F.seq, F.iters,
+                               F.pad_multiple, F.passes, F.seed)
+  else:
+    result = runs.bench_step(config, F.mode, F.batch, F.seq, F.iters, F.warmup,
+                             F.compare_hf, F.seed)
+  result["machine"] = runinfo.machine_info()
+  result["command"] = "python -m launch.bench " + " ".join(sys.argv[1:])
+  print(report.format_report(result))
+  if F.json:
+    with open(F.json, "w") as f:
+      json.dump(result, f, indent=1, default=str)
+  return 0
+
+
+if __name__ == "__main__":
+  from absl import app
+  _define_flags()
+  app.run(main, argv=runinfo.normalize_argv(sys.argv))

@@ -1,0 +1,103 @@
+"""What we know about the machines: published chip peaks and HBM sizes, the CPU's measured
+matmul rate, devices per chip, and memory use of a compiled program. Shared by the
+trainer (MFU), launch.bench and launch.aot.
+
+Peak: a TPU/GPU chip's published dense bf16 FLOP/s (table below); on the CPU the
+measured FLOP/s of a large dense matmul in the compute dtype (`measure_cpu_matmul_flops`).
+"""
+import resource
+from typing import Any, Dict, Optional
+
+# Published dense bf16 peak FLOP/s per chip (TPU: per chip; GPU: dense, no sparsity).
+PEAK_BF16 = {
+    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
+    "TPU v5": 459e12, "TPU v6 lite": 918e12, "TPU v6e": 918e12,
+    "NVIDIA A100": 312e12, "NVIDIA H100": 989e12, "NVIDIA H200": 989e12,
+    "NVIDIA B200": 2250e12,
+}
+
+# HBM per chip in GiB, by the device_kind the topology reports.
+HBM_GIB = {
+    "TPU v2": 16, "TPU v3": 32, "TPU v4": 32, "TPU v5 lite": 16, "TPU v5e": 16,
+    "TPU v5p": 95, "TPU v5": 95, "TPU v6 lite": 32, "TPU v6e": 32,
+}
+
+_CPU_PEAK = {}
+
+
+def _lookup(table, device_kind: str):
+  for name, value in sorted(table.items(), key=lambda kv: -len(kv[0])):
+    if device_kind.startswith(name) or name in device_kind:
+      return value
+  return None
+
+
+def measure_cpu_matmul_flops(sizes=(1024, 2048), dtype="float32", repeats: int = 5) -> float:
+  """Measured dense-matmul FLOP/s of this CPU: the best over square matmuls of `sizes`
+  (jitted, all cores, `repeats` timings each) — the CPU's "peak". Cached per process."""
+  import time
+  import jax
+  import jax.numpy as jnp
+  if isinstance(sizes, int):
+    sizes = (sizes,)
+  key = (tuple(sizes), str(dtype))
+  if key not in _CPU_PEAK:
+    best_rate = 0.0
+    f = jax.jit(lambda x, y: x @ y)
+    for n in sizes:
+      a = jnp.ones((n, n), dtype)
+      b = jnp.full((n, n), 0.5, dtype)
+      f(a, b).block_until_ready()
+      for _ in range(repeats):
+        t = time.perf_counter()
+        f(a, b).block_until_ready()
+        best_rate = max(best_rate, 2 * n ** 3 / (time.perf_counter() - t))
+    _CPU_PEAK[key] = best_rate
+  return _CPU_PEAK[key]
+
+
+def chip_peak_flops(device_kind: str) -> float:
+  """Published dense bf16 peak of a TPU/GPU chip by `device_kind`; 0.0 when unknown."""
+  return _lookup(PEAK_BF16, device_kind) or 0.0
+
+
+def peak_flops(device, dtype: str = "float32") -> float:
+  """Peak FLOP/s of one device: the published bf16 peak for TPU/GPU, measured on CPU (in
+  the compute dtype)."""
+  if device.platform == "cpu":
+    return measure_cpu_matmul_flops(dtype=dtype)
+  return chip_peak_flops(getattr(device, "device_kind", ""))
+
+
+def hbm_per_chip(device_kind: str) -> Optional[float]:
+  """HBM bytes of one chip by `device_kind`; None when unknown."""
+  gib = _lookup(HBM_GIB, device_kind)
+  return None if gib is None else gib * 2**30
+
+
+def cores_per_chip(devices) -> int:
+  """JAX devices per physical chip (1 with megacore; 2 where each TensorCore is one)."""
+  coords = {tuple(getattr(d, "coords", (i,))) for i, d in enumerate(devices)}
+  return max(1, len(devices) // max(1, len(coords)))
+
+
+def memory_bytes(compiled, code: bool = False) -> Optional[int]:
+  """Per-device bytes XLA assigned to the compiled program's buffers at once: arguments
+  + outputs - donated (aliased) + temporaries (+ the program's code with `code`)."""
+  try:
+    m = compiled.memory_analysis()
+  except Exception:  # pragma: no cover - backends without the analysis
+    return None
+  if m is None:
+    return None
+  return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+             + m.temp_size_in_bytes + (m.generated_code_size_in_bytes if code else 0))
+
+
+def measured_peak_bytes() -> Dict[str, Any]:
+  """The device's measured peak memory where it reports one, else the process's RSS."""
+  import jax
+  stats = jax.devices()[0].memory_stats()
+  if stats and "peak_bytes_in_use" in stats:
+    return {"device_peak_bytes": int(stats["peak_bytes_in_use"])}
+  return {"process_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}

@@ -1,0 +1,16 @@
+"""The one trainer for every objective.
+
+  state.py       the run's setup: mesh, objective, optimizer, sharded state, jitted steps
+  step.py        the update step (exact gradient accumulation) and the eval step
+  loop.py        the loop: resume or init, metrics, evals, checkpoints, SIGTERM, export
+  optim.py       Optax optimizers and schedules
+  sharding.py    mesh, logical-axis rules, shardings, MeshJit
+  checkpoint.py  Orbax checkpoints of the state and the data iterator
+  metrics.py     console / JSONL / TensorBoard metrics and the loss plot
+"""
+from launch.trainer.loop import adopt_tokenizer, evaluate, prepare, train_and_evaluate
+from launch.trainer.state import Setup, build
+from launch.trainer.step import EVAL_SEED, TrainState, eval_key, gradients
+
+__all__ = ["Setup", "TrainState", "build", "train_and_evaluate", "prepare",
+           "adopt_tokenizer", "evaluate", "gradients", "eval_key", "EVAL_SEED"]

@@ -1,0 +1,118 @@
+"""Setup of a run: mesh, objective, optimizer, the sharded train state and the jitted
+steps (also used by launch.bench and launch.aot, which run the same step).
+
+The params of every collection are initialised sharded (logical axes -> mesh through the
+config's rules) inside one jitted init, then the objective's after-init hook may replace
+some (continued pretraining, a teacher), then the state is made: trained collections in
+`params` with an optimizer state mirroring their shardings, frozen ones in `frozen`, kept
+out of the optimizer entirely (no state, no decay, no update).
+"""
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+import objectives
+from launch.trainer import optim
+from launch.trainer import sharding as shard_lib
+from launch.trainer.step import TrainState, make_eval_step, make_train_step
+
+
+@dataclasses.dataclass
+class Setup:
+  """Everything the loop needs, built once from the config."""
+  config: ml_collections.ConfigDict
+  mesh: Any
+  objective: objectives.Objective
+  tx: optax.GradientTransformation
+  schedule: Any
+  param_shardings: Any  # {collection: shardings}, trained and frozen
+  state_shardings: Any
+  abstract_state: Any
+  batch_sharding: Any
+  init_state: Any  # () -> TrainState (init, after-init hook, optimizer state)
+  train_step: Any  # jitted (state, batch) -> (state, metric sums)
+  eval_step: Any  # jitted (state, batch, index) -> metric sums
+
+
+def _split(objective, boxed_keys):
+  trained, frozen = tuple(objective.trained), tuple(objective.frozen)
+  if set(trained) & set(frozen):
+    raise ValueError(f"collections {sorted(set(trained) & set(frozen))} are both trained "
+                     "and frozen")
+  if set(trained) | set(frozen) != set(boxed_keys):
+    raise ValueError(f"the objective's params have collections {sorted(boxed_keys)}, but "
+                     f"it trains {trained} and freezes {frozen}")
+  return trained, frozen
+
+
+def build(config, tokenizer, devices=None) -> Setup:
+  """Mesh, objective, optimizer, sharded state init, jitted train and eval steps."""
+  mesh = shard_lib.make_mesh(config.mesh.shape, devices)
+  rules = shard_lib.rules_tuple(config.mesh.rules)
+  objective = objectives.get_objective(config, tokenizer)
+  opt_cfg = ml_collections.ConfigDict(config.optimizer.to_dict())
+  accum = int(opt_cfg.grad_accum_steps)
+  opt_cfg.grad_accum_steps = 1  # accumulation happens inside the step (step.gradients)
+  tx, schedule = optim.make_optimizer(opt_cfg, config.train.steps)
+  if config.data.global_batch % (accum * jax.process_count()):
+    raise ValueError(f"data.global_batch={config.data.global_batch} must divide into "
+                     f"grad_accum_steps={accum} micro-batches on every process")
+
+  init_key, train_key = jax.random.split(jax.random.PRNGKey(config.train.seed))
+  with nn.logical_axis_rules(rules):
+    boxed = jax.eval_shape(objective.init, init_key)  # params boxed with logical axis names
+  trained, frozen = _split(objective, boxed)
+  param_shardings = shard_lib.logical_shardings(boxed, mesh, rules)
+  abstract_params = nn.unbox(boxed)
+  pick = lambda tree, names: {k: tree[k] for k in names}
+  abstract_opt = jax.eval_shape(tx.init, pick(abstract_params, trained))
+  opt_shardings = shard_lib.mirror_shardings(
+      abstract_opt, pick(abstract_params, trained), pick(param_shardings, trained), mesh)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  state_shardings = TrainState(
+      step=replicated, params=pick(param_shardings, trained),
+      frozen=pick(param_shardings, frozen), opt_state=opt_shardings, rng=replicated)
+
+  def with_rules(fn):
+    @functools.wraps(fn)
+    def wrapped(*args):
+      with nn.logical_axis_rules(rules):
+        return fn(*args)
+    return wrapped
+
+  def init_params():
+    return nn.unbox(objective.init(init_key))
+
+  def make_state(params):
+    t = pick(params, trained)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=t, frozen=pick(params, frozen),
+                      opt_state=tx.init(t), rng=train_key)
+
+  abstract_state = jax.eval_shape(make_state, abstract_params)
+  abstract_state = jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state,
+      state_shardings)
+  init_params_jit = jax.jit(with_rules(init_params), out_shardings=param_shardings)
+  make_state_jit = jax.jit(make_state, in_shardings=(param_shardings,),
+                           out_shardings=state_shardings, donate_argnums=0)
+
+  def init_state():
+    params = objective.after_init(init_params_jit(), param_shardings)
+    return make_state_jit(params)
+
+  batch_sharding = shard_lib.batch_sharding(mesh, rules)
+  train_step = shard_lib.MeshJit(mesh, jax.jit(
+      with_rules(make_train_step(objective, tx, schedule, accum)),
+      in_shardings=(state_shardings, batch_sharding),
+      out_shardings=(state_shardings, replicated), donate_argnums=0))
+  eval_step = shard_lib.MeshJit(mesh, jax.jit(
+      with_rules(make_eval_step(objective)),
+      in_shardings=(state_shardings, batch_sharding, replicated), out_shardings=replicated))
+  return Setup(config, mesh, objective, tx, schedule, param_shardings, state_shardings,
+               abstract_state, batch_sharding, init_state, train_step, eval_step)

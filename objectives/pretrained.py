@@ -1,0 +1,124 @@
+"""Continued pretraining: `--config.init_from=DIR` starts from a Hugging Face directory.
+
+- `configure(config)` (before the data pipeline is built): the model section takes the
+  directory's architecture (through `encoders.from_hf`), keeping this run's execution
+  settings (KEPT: dtype, attention kernel, remat, scan, vocabulary padding) and the heads
+  the objective trains; the tokenizer becomes the directory's (`tokenizer.json`, else
+  `vocab.txt`).
+- `load_into(DIR, params, shardings)` (the objective's after-init hook): every tensor of
+  the checkpoint replaces the freshly initialised one at the same path, placed with that
+  parameter's sharding; parameters the checkpoint lacks (e.g. an MLM head on a
+  sentence-embedding checkpoint) keep their fresh init, and checkpoint heads this run
+  does not have are left out. Both are logged. A shape mismatch is an error naming it.
+The directory is read once per process (`configure` keeps the weights for `load_into`).
+"""
+import json
+import logging
+import os
+from typing import Dict, Tuple
+
+import jax
+import numpy as np
+
+log = logging.getLogger("encoder_zoo")
+
+KEPT = ("dtype", "attention_impl", "remat_policy", "scan_layers", "vocab_pad_multiple",
+        "heads")
+_LOADED: Dict[Tuple, Tuple] = {}
+
+
+def _load(path: str, model_config):
+  """(model, params) of the directory, with this run's execution settings."""
+  import encoders
+  overrides = {k: model_config[k] for k in KEPT if k != "heads" and k in model_config}
+  key = (os.path.abspath(path), tuple(sorted((k, str(v)) for k, v in overrides.items())))
+  if key not in _LOADED:
+    _LOADED.clear()  # one directory at a time: the host copy can be large
+    _LOADED[key] = encoders.from_hf(path, **overrides)
+  return _LOADED[key]
+
+
+def tokenizer_file(path: str) -> str:
+  for name in ("tokenizer.json", "vocab.txt"):
+    f = os.path.join(path, name)
+    if os.path.isfile(f):
+      return f
+  raise ValueError(f"init_from={path!r}: the directory has no tokenizer.json or vocab.txt "
+                   "(continued pretraining keeps the checkpoint's tokenizer)")
+
+
+def configure(config):
+  """Sets config.model and config.tokenizer from `config.init_from` (no-op when empty)."""
+  path = config.get("init_from", "")
+  if not path:
+    return
+  if not os.path.isfile(os.path.join(path, "config.json")):
+    raise ValueError(f"init_from={path!r} is not a Hugging Face directory (no config.json)")
+  model, _ = _load(path, config.model)
+  theirs = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
+  kept = {k: config.model[k] for k in KEPT if k in config.model}
+  for k, v in theirs.items():
+    if k not in KEPT:
+      config.model[k] = v
+  for k, v in kept.items():
+    config.model[k] = v
+  tok_file = tokenizer_file(path)
+  config.tokenizer.kind = "hf"
+  config.tokenizer.path = tok_file
+  if tok_file.endswith("vocab.txt"):
+    tc = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(tc):
+      with open(tc) as f:
+        config.tokenizer.lowercase = bool(json.load(f).get("do_lower_case", False))
+  log.info("init_from %s: %s model (%d layers, hidden %d), tokenizer %s", path,
+           config.model.get("family"), config.model.get("num_hidden_layers", 0),
+           config.model.get("hidden_size", 0), tok_file)
+
+
+def _flat(tree, prefix=()):
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict) or hasattr(v, "items"):
+      out.update(_flat(v, prefix + (k,)))
+    else:
+      out[prefix + (k,)] = v
+  return out
+
+
+def _set(tree, path, value):
+  for k in path[:-1]:
+    tree = tree[k]
+  tree[path[-1]] = value
+
+
+def _copy(tree):
+  return {k: _copy(v) if isinstance(v, dict) or hasattr(v, "items") else v
+          for k, v in tree.items()}
+
+
+def load_into(path: str, params, shardings, model_config):
+  """`params` (a module's sharded params) with the directory's tensors in place.
+  `model_config`: the run's model section (after `configure`)."""
+  loaded = _load(path, model_config)
+  _, theirs = loaded
+  ours, flat_s = _flat(params), _flat(shardings)
+  flat_t = _flat(theirs)
+  out = _copy(params)
+  skipped = sorted("/".join(p) for p in flat_t if p not in ours)
+  fresh = sorted("/".join(p) for p in ours if p not in flat_t)
+  for p, value in flat_t.items():
+    if p not in ours:
+      continue
+    target = ours[p]
+    value = np.asarray(jax.device_get(value))
+    if tuple(value.shape) != tuple(target.shape):
+      raise ValueError(f"init_from={path!r}: {'/'.join(p)} has shape {value.shape} in the "
+                       f"checkpoint, {tuple(target.shape)} in the model")
+    value = value.astype(target.dtype)
+    _set(out, p, jax.make_array_from_callback(value.shape, flat_s[p],
+                                              lambda idx, v=value: v[idx]))
+  _LOADED.clear()
+  log.info("init_from %s: loaded %d tensors; fresh init for %d (%s); not used: %d (%s)",
+           path, len(ours) - len(fresh), len(fresh), ", ".join(fresh[:8]), len(skipped),
+           ", ".join(skipped[:8]))
+  return out
