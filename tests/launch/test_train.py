@@ -325,3 +325,139 @@ def test_trains_from_a_local_tfds_dataset(tmp_path, tokenizer_cache):
   assert run["data"]["train_documents"] == 30 and run["data"]["eval_documents"] == 4
   assert sorted(_train_losses(wd)) == [1, 2, 3]
   assert out["eval"]["mlm_count"] > 0
+
+
+class _WithFrozenTeacher:
+  """A test objective: MLM for the student plus a term pulling its MLM logits toward a
+  frozen teacher's (a distillation shape), built on the MLM objective."""
+
+  @staticmethod
+  def make(config, tokenizer):
+    import ml_collections
+    import encoders
+    from objectives import mlm
+    from objectives.base import model_forward_flops
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.objective.name = "mlm"
+    obj = mlm.MaskedLM(c, tokenizer)
+    obj.name = "test_frozen_teacher"
+    teacher_cfg = ml_collections.ConfigDict(c.model.to_dict())
+    teacher_cfg.num_hidden_layers = 1
+    teacher = encoders.build(teacher_cfg)
+    obj.modules = {"encoder": obj.model, "teacher": teacher}
+    obj.trained, obj.frozen = ("encoder",), ("teacher",)
+    student_init, student_loss = obj.init, obj.loss
+    student_norms, student_flops = obj.normalizers, obj.module_flops
+
+    def init(rng):
+      ids = jnp.zeros((1, obj.seq_len), jnp.int32)
+      return {**student_init(rng), "teacher": teacher.init(jax.random.fold_in(rng, 1),
+                                                           ids)["params"]}
+
+    def loss(params, batch, rng, train):
+      terms, metrics = student_loss(params, batch, rng, train)
+      out = teacher.apply({"params": params["teacher"]}, batch["input_ids"],
+                          attention_mask=(batch["segment_ids"] > 0).astype(jnp.int32),
+                          token_type_ids=batch["token_type_ids"],
+                          segment_ids=batch["segment_ids"],
+                          masked_positions=batch["masked_positions"])
+      mine = obj.model.apply({"params": params["encoder"]}, batch["input_ids"],
+                             attention_mask=(batch["segment_ids"] > 0).astype(jnp.int32),
+                             token_type_ids=batch["token_type_ids"],
+                             segment_ids=batch["segment_ids"],
+                             masked_positions=batch["masked_positions"])
+      d = jnp.mean((mine.mlm_logits - out.mlm_logits) ** 2, -1) * batch["mlm_weights"]
+      return {**terms, "distill": jnp.sum(d)}, metrics
+
+    obj.init, obj.loss = init, loss
+    obj.normalizers = lambda b: {**student_norms(b), "distill": student_norms(b)["mlm"]}
+    obj.module_flops = lambda name, seq, all_positions=False: (
+        student_flops(name, seq, all_positions) if name == "encoder" else
+        model_forward_flops(teacher.config, seq, obj.max_predictions))
+    return obj
+
+
+def test_frozen_collections_get_no_optimizer_state_and_no_update(tmp_path):
+  import objectives
+  from launch.trainer import checkpoint as ckpt_lib
+  from launch.trainer import sharding
+  objectives.register_objective("test_frozen_teacher")(_WithFrozenTeacher.make)
+  c = small_config(objective__name="test_frozen_teacher", optimizer__weight_decay=0.5,
+                   optimizer__warmup_steps=0, optimizer__schedule="constant")
+  c.model.heads = ("mlm",)
+  c.model.vocab_size = 600
+  c.data.packing = "documents"
+  c.mesh.shape = (2, 2, 2)  # frozen params are sharded like trained ones
+  tok = synthetic.SyntheticTokenizer.for_model(c.model)
+  setup = train.build(c, tok, _devices(8))
+  obj = setup.objective
+  enc = obj.module_flops("encoder", 32)
+  assert obj.flops_per_example(32) == pytest.approx(3 * enc + obj.module_flops("teacher", 32))
+  state = setup.init_state()
+  assert set(state.params) == {"encoder"} and set(state.frozen) == {"teacher"}
+  n = lambda tree: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
+  # Adam's two moments for the student only (plus scalar counters).
+  assert 2 * n(state.params) <= n(state.opt_state) < 2 * n(state.params) + 16
+  teacher0 = jax.device_get(state.frozen)
+  student0 = jax.device_get(state.params)
+  batch = synthetic.full_batch(obj, c.data.global_batch, c.data.seq_len)
+  for _ in range(2):
+    state, sums = setup.train_step(state, sharding.global_batch(batch, setup.batch_sharding))
+  for a, b in zip(jax.tree.leaves(teacher0), jax.tree.leaves(jax.device_get(state.frozen))):
+    np.testing.assert_array_equal(a, b)  # no update, no decay
+  moved = [not np.array_equal(a, b) for a, b in
+           zip(jax.tree.leaves(student0), jax.tree.leaves(jax.device_get(state.params)))]
+  assert all(moved)
+  # The frozen collection is checkpointed with the state and restored onto its shardings.
+  manager = ckpt_lib.Manager(str(tmp_path / "ckpt"), c.checkpoint)
+  manager.save(2, state, {"note": 1})
+  manager.wait()
+  restored, data_state = manager.restore_latest(setup.abstract_state)
+  manager.close()
+  assert data_state == {"note": 1}
+  for a, b in zip(jax.tree.leaves(teacher0), jax.tree.leaves(jax.device_get(restored.frozen))):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_continued_pretraining_from_minilm(tmp_path):
+  """`init_from`: continued MLM from the real all-MiniLM-L6-v2 checkpoint (a BertModel
+  without an MLM head) on the default corpus, with the checkpoint's tokenizer."""
+  from tests.encoders.test_minilm import minilm_dir
+  import encoders
+  path = minilm_dir()
+  c = small_config(objective__name="mlm", data__packing="documents", train__steps=2,
+                   train__eval_every=2, train__eval_batches=1, checkpoint__every=100,
+                   data__global_batch=8, data__max_documents=40)
+  c.model.heads = ("mlm",)
+  c.init_from = path
+  wd = str(tmp_path / "continued")
+  config, pipeline = train.prepare(c, wd)
+  assert (config.model.hidden_size, config.model.num_hidden_layers) == (384, 6)
+  assert config.model.heads == ("mlm",) and config.model.vocab_size == 30522
+  assert config.tokenizer.kind == "hf" and pipeline.tokenizer.vocab_size == 30522
+  setup = train.build(config, pipeline.tokenizer, _devices(1))
+  state = setup.init_state()
+  _, ref = encoders.from_hf(path)
+  ours = state.params["encoder"]
+  flat = jax.tree_util.tree_flatten_with_path(ref)[0]
+  compared = 0
+  for p, value in flat:
+    keys = [k.key for k in p]
+    if keys[0] == "pooler":
+      continue  # the checkpoint's pooler: not used by an MLM-only model
+    node = ours
+    for k in keys:
+      node = node[k]
+    np.testing.assert_array_equal(np.asarray(node), np.asarray(value), err_msg=str(keys))
+    compared += 1
+  assert compared > 90 and "mlm" in ours  # every encoder tensor; a fresh MLM head
+
+  out = train.train_and_evaluate(c, wd, _devices(1))
+  losses = _train_losses(wd)
+  assert sorted(losses) == [1, 2] and all(np.isfinite(list(losses.values())))
+  assert np.isfinite(out["eval"]["mlm_loss"])
+  import transformers as T
+  model, info = T.BertForMaskedLM.from_pretrained(os.path.join(wd, "hf"),
+                                                  output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"]
+  assert os.path.exists(os.path.join(wd, "hf", "tokenizer.json"))
