@@ -461,3 +461,24 @@ def test_continued_pretraining_from_minilm(tmp_path):
                                                   output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"]
   assert os.path.exists(os.path.join(wd, "hf", "tokenizer.json"))
+
+
+def test_albert_trains_with_sentence_order_prediction(tmp_path, tokenizer_cache):
+  """ALBERT + SOP through the one trainer: the pair rows labelled for SOP, held-out MLM
+  and SOP metrics with their baselines, an export transformers loads for pretraining."""
+  from configs import albert as albert_configs
+  wd = _workdir(tmp_path, "albert", tokenizer_cache)
+  c = small_config(albert_configs, "tiny", train__steps=3, train__eval_every=3)
+  c.model.embedding_size = 32  # factorized: E != H
+  c.tokenizer.lowercase = False  # share the cached test tokenizer
+  out = train.train_and_evaluate(c, wd, _devices(1))
+  for key in ("mlm_loss", "mlm_accuracy", "sop_loss", "sop_accuracy"):
+    assert np.isfinite(out["eval"][key]), key
+  base = [r for r in metrics_lib.read(wd) if r.get("split") == "baseline"][0]
+  assert base["sop_count"] == out["eval"]["sop_count"] > 0
+  assert base["mlm_count"] == out["eval"]["mlm_count"]
+  assert 0 < base["sop_majority_accuracy"] < 1
+  import transformers as T
+  _, info = T.AlbertForPreTraining.from_pretrained(os.path.join(wd, "hf"),
+                                                   output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"]
