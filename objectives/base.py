@@ -34,7 +34,7 @@ objective or a batch key. An objective states:
 - `export(params, path, tokenizer)`: an HF directory (weights, config, tokenizer).
 `reference_inputs` / `reference_diff` serve `launch.bench --compare-hf`.
 """
-from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Sequence, Tuple
 
 import flax.linen as nn
 import jax

@@ -2,8 +2,10 @@
 
 Every loss function returns `(loss, metrics)`:
 
-- `loss` is the weighted mean cross-entropy over this call's batch (what to
-  differentiate);
+- `loss` is the weighted mean cross-entropy over this call's batch (for callers that
+  train on one batch at a time; the pretraining trainer differentiates the SUM
+  `<prefix>_loss_sum` divided by the normalizer of the whole global batch instead, so
+  gradient accumulation is exact: objectives/base.py);
 - `metrics` holds SUMS only, so they add up exactly across gradient-accumulation
   micro-steps, devices and eval batches. Keys are `<prefix>_loss_sum`,
   `<prefix>_correct_sum` and `<prefix>_weight_sum` (the number, or total weight, of

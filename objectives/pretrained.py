@@ -10,12 +10,10 @@
   parameter's sharding; parameters the checkpoint lacks (e.g. an MLM head on a
   sentence-embedding checkpoint) keep their fresh init, and checkpoint heads this run
   does not have are left out. Both are logged. A shape mismatch is an error naming it.
-The directory is read once per process (`configure` keeps the weights for `load_into`).
 """
 import json
 import logging
 import os
-from typing import Dict, Tuple
 
 import jax
 import numpy as np
@@ -24,18 +22,15 @@ log = logging.getLogger("encoder_zoo")
 
 KEPT = ("dtype", "attention_impl", "remat_policy", "scan_layers", "vocab_pad_multiple",
         "heads")
-_LOADED: Dict[Tuple, Tuple] = {}
 
 
 def _load(path: str, model_config):
-  """(model, params) of the directory, with this run's execution settings."""
+  """(model, params) of the directory, with this run's execution settings. Not kept
+  between `configure` and `load_into`: a resumed run never loads the weights, and should
+  not hold a host copy of them."""
   import encoders
   overrides = {k: model_config[k] for k in KEPT if k != "heads" and k in model_config}
-  key = (os.path.abspath(path), tuple(sorted((k, str(v)) for k, v in overrides.items())))
-  if key not in _LOADED:
-    _LOADED.clear()  # one directory at a time: the host copy can be large
-    _LOADED[key] = encoders.from_hf(path, **overrides)
-  return _LOADED[key]
+  return encoders.from_hf(path, **overrides)
 
 
 def tokenizer_file(path: str) -> str:
@@ -117,7 +112,6 @@ def load_into(path: str, params, shardings, model_config):
     value = value.astype(target.dtype)
     _set(out, p, jax.make_array_from_callback(value.shape, flat_s[p],
                                               lambda idx, v=value: v[idx]))
-  _LOADED.clear()
   log.info("init_from %s: loaded %d tensors; fresh init for %d (%s); not used: %d (%s)",
            path, len(ours) - len(fresh), len(fresh), ", ".join(fresh[:8]), len(skipped),
            ", ".join(skipped[:8]))

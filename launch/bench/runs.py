@@ -3,8 +3,6 @@ the same documents packed vs padded."""
 import statistics
 from typing import Any, Dict
 
-import numpy as np
-
 from launch import devices as devices_lib
 from launch import runinfo, synthetic
 from launch.bench.models import Ours, Theirs
