@@ -43,37 +43,11 @@ def parse_arg(arg, **defaults):
   return out
 
 
-def model_defaults():
-  """Architecture fields, named as in Hugging Face configs where they exist."""
-  m = ml_collections.ConfigDict()
-  m.family = "bert"
-  m.variant = ""
-  m.vocab_size = 30522
-  m.hidden_size = 768
-  m.num_hidden_layers = 12
-  m.num_attention_heads = 12
-  m.intermediate_size = 3072
-  m.hidden_act = "gelu"
-  m.hidden_dropout_prob = 0.1
-  m.attention_probs_dropout_prob = 0.1
-  m.max_position_embeddings = 512
-  m.type_vocab_size = 2
-  m.layer_norm_eps = 1e-12
-  m.pad_token_id = 0
-  # RoBERTa numbers positions from pad_token_id + 1 (HF's create_position_ids_from_input_ids).
-  m.position_style = "absolute"  # absolute | roberta
-  m.initializer_range = 0.02
-  m.heads = ("mlm", "nsp")  # subset of: pooler, mlm, nsp
-  m.dtype = "auto"  # compute: auto (bf16 on TPU/GPU, f32 on CPU) | float32 | bfloat16
-  # auto (cpu on the CPU, xla elsewhere) | xla | cudnn (jax.nn.dot_product_attention) |
-  # einsum (reference) | cpu (the reference's math laid out for XLA:CPU, ~2x faster there)
-  # | splash (Pallas TPU kernel; sequence length a multiple of 128,
-  # attention_probs_dropout_prob = 0)
-  m.attention_impl = "auto"
-  m.remat_policy = "none"  # none | full | dots_saveable | dots_with_no_batch_dims_saveable
-  m.scan_layers = False  # nn.scan over layers: params stacked under encoder/layers (L, ...)
-  m.vocab_pad_multiple = 1  # >1 pads the embedding table; padded rows are never predicted
-  return m
+def model_defaults(family="bert"):
+  """The model section: the family's own defaults (they live with the family in
+  encoders/), named as in Hugging Face configs where they exist."""
+  import encoders
+  return encoders.family_defaults(family)
 
 
 def base_config():

@@ -27,6 +27,11 @@ class MlmHead(nn.Module):
   def __call__(self, x, decode: Callable):
     h = layers.Dense((self.transform_size,), ("embed", "mlp"), init_std=self.init_std,
                      dtype=self.dtype, name="transform")(x)
+    # Pinning the transform's output layout is also a workaround: without it, XLA's SPMD
+    # partitioner (jax 0.10.2) silently computes wrong gradients for this dense -> gelu ->
+    # tied decoder -> log_softmax chain on a (2,2,2) mesh at a few gathered positions
+    # (M = 4..8); tests/launch/test_train.py's layout test compares grad norms to catch it.
+    h = layers.constrain(h, ("act_batch", "act_len", "act_embed"))
     h = layers.activation(self.act)(h)
     h = layers.LayerNorm(self.layer_norm_eps, dtype=self.dtype, name="norm")(h)
     logits = decode(h)
