@@ -102,6 +102,37 @@ class Ours:
     return batch * self.objective.flops_per_example(seq, train=False, all_positions=True)
 
 
+def torch_lamb(groups, lr, betas, eps):
+  """optax.lamb's update in torch, which has no LAMB: Adam moments with bias correction,
+  decoupled weight decay on the decay group, then a per-tensor trust ratio ||p|| / ||u||
+  (1 where either norm is 0), as optax's scale_by_trust_ratio."""
+  import torch
+
+  class Lamb(torch.optim.Optimizer):
+    @torch.no_grad()
+    def step(self):
+      for g in self.param_groups:
+        b1, b2 = g["betas"]
+        for p in g["params"]:
+          if p.grad is None:
+            continue
+          st = self.state[p]
+          if not st:
+            st.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+          st["t"] += 1
+          st["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
+          st["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+          u = (st["m"] / (1 - b1 ** st["t"])) / (
+              (st["v"] / (1 - b2 ** st["t"])).sqrt() + g["eps"])
+          if g["weight_decay"]:
+            u.add_(p, alpha=g["weight_decay"])
+          pn, un = p.norm(), u.norm()
+          trust = torch.where((pn > 0) & (un > 0), pn / un, torch.ones_like(pn))
+          p.sub_(g["lr"] * trust * u)
+
+  return Lamb(groups, dict(lr=lr, betas=betas, eps=eps, weight_decay=0.0))
+
+
 class Theirs:
   """The transformers PyTorch model of the same architecture, loaded with our weights."""
 
@@ -122,17 +153,19 @@ class Theirs:
     if mode == "train":
       self.model.train()
       o = config.optimizer
-      if o.name != "adamw":
-        raise ValueError("--compare-hf trains transformers with AdamW; set "
-                         "--config.optimizer.name=adamw")
       decay = [p for n, p in self.model.named_parameters()
                if p.ndim >= 2 and "norm" not in n.lower()]
       no_decay = [p for n, p in self.model.named_parameters()
                   if not (p.ndim >= 2 and "norm" not in n.lower())]
-      self.opt = torch.optim.AdamW(
-          [{"params": decay, "weight_decay": o.weight_decay},
-           {"params": no_decay, "weight_decay": 0.0}],
-          lr=o.learning_rate, betas=(o.b1, o.b2), eps=o.eps)
+      groups = [{"params": decay, "weight_decay": o.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0}]
+      if o.name == "adamw":
+        self.opt = torch.optim.AdamW(groups, lr=o.learning_rate, betas=(o.b1, o.b2),
+                                     eps=o.eps)
+      elif o.name == "lamb":
+        self.opt = torch_lamb(groups, o.learning_rate, (o.b1, o.b2), o.eps)
+      else:
+        raise ValueError(f"--compare-hf has no torch optimizer for {o.name!r}")
     else:
       self.model.eval()
 

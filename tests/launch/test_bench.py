@@ -116,3 +116,32 @@ def test_cli(tmp_path):
   r = json.loads(out.read_text())
   assert r["machine"]["cpu_cores"] and r["command"].startswith("python -m launch.bench")
   assert r["batch"] == 2 and r["seq"] == 16
+
+
+def test_torch_lamb_matches_optax_lamb():
+  """--compare-hf trains transformers with the config's optimizer; torch has no LAMB, so
+  the bench's must make optax.lamb's updates (three steps, decayed and undecayed params)."""
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+  import torch
+  from launch.bench.models import torch_lamb
+  rng = np.random.RandomState(0)
+  w, b = rng.randn(4, 3).astype(np.float32), rng.randn(3).astype(np.float32)
+  grads = [(rng.randn(4, 3).astype(np.float32), rng.randn(3).astype(np.float32))
+           for _ in range(3)]
+  tw, tb = torch.nn.Parameter(torch.tensor(w)), torch.nn.Parameter(torch.tensor(b))
+  opt = torch_lamb([{"params": [tw], "weight_decay": 0.01},
+                    {"params": [tb], "weight_decay": 0.0}], 1e-2, (0.9, 0.999), 1e-6)
+  tx = optax.lamb(1e-2, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01,
+                  mask={"w": True, "b": False})
+  params = {"w": jnp.asarray(w), "b": jnp.asarray(b)}
+  state = tx.init(params)
+  for gw, gb in grads:
+    tw.grad, tb.grad = torch.tensor(gw), torch.tensor(gb)
+    opt.step()
+    updates, state = tx.update({"w": jnp.asarray(gw), "b": jnp.asarray(gb)}, state, params)
+    params = optax.apply_updates(params, updates)
+  np.testing.assert_allclose(tw.detach().numpy(), params["w"], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(tb.detach().numpy(), params["b"], rtol=1e-5, atol=1e-6)
+  assert np.abs(np.asarray(params["w"]) - w).max() > 1e-3  # it moved
