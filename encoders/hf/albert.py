@@ -1,6 +1,11 @@
 """ALBERT <-> Hugging Face (AlbertModel, AlbertForMaskedLM, AlbertForPreTraining)."""
 from encoders import albert as albert_family
 from encoders.hf import Mapping, PerLayer, Rule, refuse_unknown, register_mapping
+from encoders.hf.bert import post_ln_layer_rules
+
+ALBERT_LAYER = dict(qkv="attention.{}", out="attention.dense",
+                    attention_norm="attention.LayerNorm", wi="ffn", wo="ffn_output",
+                    mlp_norm="full_layer_layer_norm")
 
 _CONSUMED = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers",
              "num_hidden_groups", "num_attention_heads", "intermediate_size",
@@ -56,28 +61,9 @@ class AlbertMapping(Mapping):
     return hf, arch
 
   def rules(self, cfg):
-    d, h = cfg.hidden_size, cfg.num_attention_heads
-    qkv, out = (d, h, d // h), (h, d // h, d)
-    ours = "encoder/group_{g}/layer_{j}"
-    hf = "encoder.albert_layer_groups.{g}.albert_layers.{j}"
-    layer = []
-    for name in ("query", "key", "value"):
-      layer += [Rule(f"{ours}/attention/{name}/kernel", f"{hf}.attention.{name}.weight",
-                     "linear", shape=qkv),
-                Rule(f"{ours}/attention/{name}/bias", f"{hf}.attention.{name}.bias",
-                     shape=qkv[1:])]
-    layer += [
-        Rule(f"{ours}/attention/out/kernel", f"{hf}.attention.dense.weight", "linear",
-             shape=out, n_in=2),
-        Rule(f"{ours}/attention/out/bias", f"{hf}.attention.dense.bias"),
-        Rule(f"{ours}/attention_norm/scale", f"{hf}.attention.LayerNorm.weight"),
-        Rule(f"{ours}/attention_norm/bias", f"{hf}.attention.LayerNorm.bias"),
-        Rule(f"{ours}/mlp/wi/kernel", f"{hf}.ffn.weight", "linear"),
-        Rule(f"{ours}/mlp/wi/bias", f"{hf}.ffn.bias"),
-        Rule(f"{ours}/mlp/wo/kernel", f"{hf}.ffn_output.weight", "linear"),
-        Rule(f"{ours}/mlp/wo/bias", f"{hf}.ffn_output.bias"),
-        Rule(f"{ours}/mlp_norm/scale", f"{hf}.full_layer_layer_norm.weight"),
-        Rule(f"{ours}/mlp_norm/bias", f"{hf}.full_layer_layer_norm.bias")]
+    layer = post_ln_layer_rules(cfg, "encoder/group_{g}/layer_{j}",
+                                "encoder.albert_layer_groups.{g}.albert_layers.{j}",
+                                ALBERT_LAYER)
     groups = [{"g": g, "j": j} for g in range(cfg.num_hidden_groups)
               for j in range(cfg.inner_group_num)]
     r = [Rule("embeddings/word_embeddings/embedding", "embeddings.word_embeddings.weight",

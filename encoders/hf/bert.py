@@ -11,6 +11,37 @@ _REQUIRED = {"position_embedding_type": "absolute", "is_decoder": False,
              "add_cross_attention": False, "tie_word_embeddings": True}
 
 
+# HF names of a post-LN layer's tensors (the "{}" of the q/k/v entry is query/key/value).
+BERT_LAYER = dict(qkv="attention.self.{}", out="attention.output.dense",
+                  attention_norm="attention.output.LayerNorm", wi="intermediate.dense",
+                  wo="output.dense", mlp_norm="output.LayerNorm")
+
+
+def post_ln_layer_rules(cfg, ours: str, hf: str, names: dict):
+  """The rules of one post-LN layer (`bert.post_ln_block`: BERT, RoBERTa, ALBERT) between
+  our `ours/...` params and HF's `hf.<names[...]>` tensors."""
+  d, h = cfg.hidden_size, cfg.num_attention_heads
+  qkv, out = (d, h, d // h), (h, d // h, d)  # our (D,H,K) and (H,K,D) vs HF 2-d
+  rules = []
+  for name in ("query", "key", "value"):
+    q = names["qkv"].format(name)
+    rules += [Rule(f"{ours}/attention/{name}/kernel", f"{hf}.{q}.weight", "linear", shape=qkv),
+              Rule(f"{ours}/attention/{name}/bias", f"{hf}.{q}.bias", shape=qkv[1:])]
+  rules += [Rule(f"{ours}/attention/out/kernel", f"{hf}.{names['out']}.weight", "linear",
+                 shape=out, n_in=2),
+            Rule(f"{ours}/attention/out/bias", f"{hf}.{names['out']}.bias")]
+  for part, kind in (("attention_norm", "norm"), ("mlp/wi", "linear"), ("mlp/wo", "linear"),
+                     ("mlp_norm", "norm")):
+    key = f"{hf}.{names[part.split('/')[-1]]}"
+    if kind == "norm":
+      rules += [Rule(f"{ours}/{part}/scale", f"{key}.weight"),
+                Rule(f"{ours}/{part}/bias", f"{key}.bias")]
+    else:
+      rules += [Rule(f"{ours}/{part}/kernel", f"{key}.weight", "linear"),
+                Rule(f"{ours}/{part}/bias", f"{key}.bias")]
+  return rules
+
+
 @register_mapping
 class BertMapping(Mapping):
   model_types = ("bert", "roberta")
@@ -66,27 +97,7 @@ class BertMapping(Mapping):
     return hf, arch
 
   def rules(self, cfg):
-    d, h = cfg.hidden_size, cfg.num_attention_heads
-    qkv, out = (d, h, d // h), (h, d // h, d)  # our (D,H,K) and (H,K,D) vs HF 2-d
-    ours, hf = "encoder/layer_{i}", "encoder.layer.{i}"
-    layer = []
-    for name in ("query", "key", "value"):
-      layer += [Rule(f"{ours}/attention/{name}/kernel", f"{hf}.attention.self.{name}.weight",
-                     "linear", shape=qkv),
-                Rule(f"{ours}/attention/{name}/bias", f"{hf}.attention.self.{name}.bias",
-                     shape=qkv[1:])]
-    layer += [
-        Rule(f"{ours}/attention/out/kernel", f"{hf}.attention.output.dense.weight", "linear",
-             shape=out, n_in=2),
-        Rule(f"{ours}/attention/out/bias", f"{hf}.attention.output.dense.bias"),
-        Rule(f"{ours}/attention_norm/scale", f"{hf}.attention.output.LayerNorm.weight"),
-        Rule(f"{ours}/attention_norm/bias", f"{hf}.attention.output.LayerNorm.bias"),
-        Rule(f"{ours}/mlp/wi/kernel", f"{hf}.intermediate.dense.weight", "linear"),
-        Rule(f"{ours}/mlp/wi/bias", f"{hf}.intermediate.dense.bias"),
-        Rule(f"{ours}/mlp/wo/kernel", f"{hf}.output.dense.weight", "linear"),
-        Rule(f"{ours}/mlp/wo/bias", f"{hf}.output.dense.bias"),
-        Rule(f"{ours}/mlp_norm/scale", f"{hf}.output.LayerNorm.weight"),
-        Rule(f"{ours}/mlp_norm/bias", f"{hf}.output.LayerNorm.bias")]
+    layer = post_ln_layer_rules(cfg, "encoder/layer_{i}", "encoder.layer.{i}", BERT_LAYER)
     r = [Rule("embeddings/word_embeddings/embedding", "embeddings.word_embeddings.weight",
               "embedding", vocab=True),
          Rule("embeddings/position_embeddings/embedding",
