@@ -19,6 +19,14 @@ def model_types():
   return sorted({t for m in hf_lib._MAPPINGS.values() for t in m.model_types})
 
 
+def params(fast=("bert",)):
+  """pytest params over `model_types()`: those in `fast` run in the default suite, the
+  others under the slow marker (the same checks, kept out of the ~10 min default run)."""
+  import pytest
+  return [t if t in fast else pytest.param(t, marks=pytest.mark.slow)
+          for t in model_types()]
+
+
 def arch_for(model_type: str) -> str:
   """The tiny architecture with the most heads for `model_type` (an MLM head if any)."""
   archs = sorted(a for a, (_, cfg_cls, _) in H.ARCHS_ALL.items()
