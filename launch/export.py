@@ -59,6 +59,10 @@ def export(path: str, out: str, batch="dynamic", seq="dynamic",
   import numpy as np
   import encoders
   b, t = _dim(batch, "b"), _dim(seq, "t")
+  requested = [p.strip().lower() for p in platforms if p.strip()]
+  unknown = sorted(set(requested) - set(DEFAULT_PLATFORMS + ("rocm",)))
+  if unknown or not requested:
+    raise ValueError(f"--platforms: unknown {unknown}; choose from cpu, cuda, rocm, tpu")
   overrides = {"dtype": dtype} if dtype else {}
   model, params = encoders.from_hf(path, heads, **overrides)
   params = jax.device_get(params)
@@ -74,10 +78,6 @@ def export(path: str, out: str, batch="dynamic", seq="dynamic",
   shape = tuple(sym.get(d, d) if isinstance(d, str) else d for d in (b, t))
   spec = jax.ShapeDtypeStruct(shape, np.int32)
   fn = jax.jit(serving_fn(model, params))
-  requested = [p.strip().lower() for p in platforms if p.strip()]
-  unknown = sorted(set(requested) - set(DEFAULT_PLATFORMS + ("rocm",)))
-  if unknown or not requested:
-    raise ValueError(f"--platforms: unknown {unknown}; choose from cpu, cuda, rocm, tpu")
   lowered, failed = [], {}
   for p in requested:  # which platforms this JAX can lower for, one by one
     try:
