@@ -77,7 +77,8 @@ class MultiHeadAttention(nn.Module):
       if not isinstance(mask, SegmentMask):
         raise ValueError("attention_impl='splash' needs the mask as a layers.SegmentMask "
                          "(segment ids), not a dense (T,T) mask")
-      ctx = kernels.splash_attention(q, k, v, mask.segment_ids, scale)
+      ctx = kernels.splash_attention(q, k, v, mask.segment_ids, scale,
+                                     local_window=mask.local_window)
     else:
       if isinstance(mask, SegmentMask):
         mask = mask.dense()
