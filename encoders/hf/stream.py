@@ -19,6 +19,10 @@
 
 Every check of the in-memory path is kept: missing, unexpected and mis-shaped tensors,
 tied weights (compared in row blocks), computed tables, the mapping's coverage.
+
+A directory that `launch.convert` wrote from an HF one (config.json + our params as an
+Orbax checkpoint under `params/`, no safetensors) loads the same way: Orbax restores each
+param straight onto its sharding.
 """
 import json
 import math
