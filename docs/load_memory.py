@@ -29,8 +29,9 @@ LARGE = dict(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
              type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12, pad_token_id=0)
 
 
-def make_checkpoint(path):
-  """A random BertModel directory of BERT-large size, written tensor table by table."""
+def make_checkpoint(path, layers=24):
+  """A random BertModel directory of BERT-large size (`layers` layers), written tensor
+  table by table."""
   import numpy as np
   from safetensors.numpy import save_file
   import encoders
@@ -38,7 +39,7 @@ def make_checkpoint(path):
   if os.path.isfile(os.path.join(path, "model.safetensors")):
     return
   os.makedirs(path, exist_ok=True)
-  hf = dict(LARGE, model_type="bert", architectures=["BertModel"])
+  hf = dict(LARGE, num_hidden_layers=layers, model_type="bert", architectures=["BertModel"])
   mapping = _MAPPINGS["bert"]
   cfg = mapping.config_from_hf(hf, ("pooler",))
   import jax
@@ -109,13 +110,15 @@ def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--dir", default="/tmp/bert_large_random")
   ap.add_argument("--mesh", default="1,4,2")
+  ap.add_argument("--layers", type=int, default=24, help="fewer for a quick check")
+  ap.add_argument("--json", default="", help="also write the rows to this file")
   ap.add_argument("--child", default="")
   a = ap.parse_args()
   mesh_shape = tuple(int(x) for x in a.mesh.split(","))
   if a.child:
     print(json.dumps(measure(a.child, a.dir, mesh_shape)))
     return
-  make_checkpoint(a.dir)
+  make_checkpoint(a.dir, a.layers)
   size = os.path.getsize(os.path.join(a.dir, "model.safetensors")) / 2**20
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
@@ -130,7 +133,11 @@ def main():
   print(f"checkpoint {size:.0f} MB, mesh {mesh_shape} of 8 fake CPU devices")
   for r in rows:
     r["over_baseline_mb"] = round(r["peak_rss_mb"] - base, 1)
+    r["checkpoint_mb"] = round(size, 1)
     print(json.dumps(r))
+  if a.json:
+    with open(a.json, "w") as f:
+      json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":
