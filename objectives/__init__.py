@@ -6,3 +6,4 @@ from objectives.base import (Objective, get_objective, objective_class, prepare_
                              register_objective)
 from objectives import mlm  # noqa: F401  (registers mlm, mlm_nsp, mlm_sop)
 from objectives import rtd  # noqa: F401,E402  (registers rtd)
+from objectives import distill  # noqa: F401,E402  (registers distill)
