@@ -244,3 +244,14 @@ def test_tiny_config_builds():
   params = encoders.init_params(model, jax.random.PRNGKey(0))
   out = model.apply({"params": params}, jnp.ones((2, 16), jnp.int32))
   assert out.mlm_logits.shape == (2, 16, cfg.vocab_size)
+
+
+@pytest.mark.parametrize("setting", ["paper", "global_every_layer", "mask15"])
+def test_ablation_settings(setting):
+  from configs.ablations import modernbert as ablations
+  c = ablations.get_config(f"tiny,setting={setting}")
+  assert c.is_locked
+  assert c.model.global_attn_every_n_layers == (1 if setting == "global_every_layer" else 3)
+  assert c.objective.mask_rate == (0.15 if setting == "mask15" else 0.3)
+  for phase, seq in ((1, 1024), (2, 8192)):
+    assert mb_configs.get_config(f"base,phase={phase}").data.seq_len == seq
