@@ -65,9 +65,10 @@ class MultiHeadAttention(nn.Module):
     ctx = self.attend(q, k, v, inputs.mask_of(self.mask_kind), inputs.bias, deterministic)
     return self.out(ctx)
 
-  def attend(self, q, k, v, mask, bias=None, deterministic=True):
-    """q, k, v (B,T,H,K) -> context (B,T,H,K) on the configured kernel."""
-    scale = self.scale
+  def attend(self, q, k, v, mask, bias=None, deterministic=True, scale=None):
+    """q, k, v (B,T,H,K) -> context (B,T,H,K) on the configured kernel; `scale` overrides
+    the module's."""
+    scale = self.scale if scale is None else scale
     use_dropout = not deterministic and self.dropout_rate > 0.0
     if self.impl == "splash":
       if use_dropout:

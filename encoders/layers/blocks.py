@@ -1,5 +1,5 @@
 """The MLP and the transformer block, composed of injected parts (flaxformer style)."""
-from typing import Callable
+from typing import Callable, Optional
 
 import flax.linen as nn
 import jax
@@ -43,6 +43,8 @@ class EncoderBlock(nn.Module):
   norm may be absent (`attention_norm=False`).
   `attention`, `mlp` and `norm` are factories (e.g. functools.partial of a module class);
   the attention module is called as attention(h, inputs, deterministic).
+  `post`: an optional factory of a module run after the layer as post(x_in, x_out, inputs,
+  deterministic) -> x_out (DeBERTa v2's convolution after its first layer), named "post".
   """
   attention: Callable[..., nn.Module]
   mlp: Callable[..., nn.Module]
@@ -50,9 +52,11 @@ class EncoderBlock(nn.Module):
   pre_norm: bool = False
   attention_norm: bool = True
   dropout_rate: float = 0.0
+  post: Optional[Callable[..., nn.Module]] = None
 
   @nn.compact
   def __call__(self, x, inputs: AttentionInputs, deterministic: bool = True):
+    x_in = x
     drop = Dropout(self.dropout_rate)
     attn = self.attention(name="attention")
     if self.pre_norm:
@@ -64,6 +68,8 @@ class EncoderBlock(nn.Module):
       x = self.norm(name="attention_norm")(x + drop(h, deterministic))
       h = self.mlp(name="mlp")(x)
       x = self.norm(name="mlp_norm")(x + drop(h, deterministic))
+    if self.post is not None:
+      x = self.post(name="post")(x_in, x, inputs, deterministic)
     return constrain(x, ("act_batch", "act_len", "act_embed"))
 
 

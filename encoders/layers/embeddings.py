@@ -1,4 +1,6 @@
 """Token, position and token-type embeddings (with ALBERT/ELECTRA's E -> D projection)."""
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -20,7 +22,8 @@ def sinusoidal_table(num_positions: int, dim: int) -> Array:
 
 class Embeddings(nn.Module):
   """Word (+ position) (+ token type) embeddings, then LayerNorm, dropout and an optional
-  E -> D projection (ALBERT, ELECTRA's small generators).
+  E -> D projection (ALBERT, ELECTRA's small generators; with `project_before_norm`,
+  DeBERTa's order: projection, LayerNorm over D, dropout).
 
   input_ids (B,T), position_ids (B,T), token_type_ids (B,T) -> (B,T,D).
   `word_embeddings` is a separate submodule so MLM decoders can tie to it (`attend`).
@@ -35,6 +38,8 @@ class Embeddings(nn.Module):
   use_norm: bool = True
   dropout_rate: float = 0.0
   projection_size: int = 0  # 0: no projection
+  projection_bias: bool = True
+  project_before_norm: bool = False  # DeBERTa: project E -> D, then LayerNorm over D
   init_std: float = 0.02
   dtype: Dtype = jnp.float32
 
@@ -58,12 +63,16 @@ class Embeddings(nn.Module):
       x = x + nn.Embed(self.type_vocab_size, self.embedding_size, dtype=self.dtype,
                        param_dtype=jnp.float32, name="token_type_embeddings",
                        embedding_init=normal_init(self.init_std, (None, "embed")))(token_type_ids)
+    project = functools.partial(Dense, (self.projection_size,), ("embed", "mlp"),
+                                self.projection_bias, self.init_std, self.dtype,
+                                name="projection")
+    if self.projection_size and self.project_before_norm:
+      x = project()(x)
     if self.use_norm:
       x = LayerNorm(self.layer_norm_eps, self.norm_bias, self.dtype, name="norm")(x)
     x = Dropout(self.dropout_rate)(x, deterministic=deterministic)
-    if self.projection_size:
-      x = Dense((self.projection_size,), ("embed", "mlp"), init_std=self.init_std,
-                dtype=self.dtype, name="projection")(x)
+    if self.projection_size and not self.project_before_norm:
+      x = project()(x)
     return constrain(x, ("act_batch", "act_len", "act_embed"))
 
   def attend(self, x: Array) -> Array:

@@ -1,0 +1,245 @@
+"""DeBERTa v2 and v3 (He et al. 2021; He, Gao and Chen 2023) on the generic encoder:
+transformers' `DebertaV2*` behaviour.
+
+- Disentangled attention (`layers.DisentangledAttention`): content-to-content plus the
+  c2p / p2c relative terms named in `pos_att_type`, scores scaled by
+  1/sqrt(K * (1 + number of terms)); relative distances in log buckets
+  (`position_buckets`, `max_relative_positions`); one relative-embedding table shared by
+  all layers (top-level `rel_embeddings`, LayerNorm-ed when `norm_rel_ebd="layer_norm"`),
+  projected by each layer's own key/query (`share_att_key`, v3) or by separate
+  `pos_key`/`pos_query` projections (v2). `relative_impl` picks the formulation of the
+  relative terms: "shift" (fast, default) or "gather" (transformers' reference math).
+- Embeddings: word (+ absolute positions when `position_biased_input`, v2) (+ token types
+  when `type_vocab_size` > 0), projected E -> D without bias when they differ, then
+  LayerNorm over D.
+- v2's convolution after the first layer (`conv_kernel_size` > 0): conv over the
+  embedding output, masked, `conv_act`, added to the first layer's output, LayerNorm.
+  Taps never cross padding or (packed rows) a document boundary.
+- MLM head: BERT's (transform D -> E, act, LayerNorm, tied decoder + bias): transformers'
+  legacy `cls.predictions` names or, with `legacy=False`, `lm_predictions.lm_head`.
+- "pooler": DeBERTa's ContextPooler (dense + `pooler_hidden_act` on the first token).
+
+Padding: transformers masks every key of a padding query (its softmax is then uniform);
+here a padding query attends the real keys (layers.make_attention_mask). Outputs at real
+positions are identical; outputs at padding positions are not meaningful in either.
+"""
+import functools
+
+import flax.linen as nn
+import jax.numpy as jnp
+import ml_collections
+
+from encoders import base, bert, heads, layers, model
+from encoders.layers import relative
+
+# v3 sizes (the released microsoft/deberta-v3-* configs): layers, hidden, heads, MLP width.
+VARIANTS = {
+    "tiny": (2, 128, 2, 512),
+    "xsmall": (12, 384, 6, 1536),
+    "small": (6, 768, 12, 3072),
+    "base": (12, 768, 12, 3072),
+    "large": (24, 1024, 16, 4096),
+}
+
+
+def defaults(variant: str = "base") -> ml_collections.ConfigDict:
+  """The model section of a DeBERTa-v3 config (HF DebertaV2Config's names)."""
+  n_layers, hidden, n_heads, width = VARIANTS[variant]
+  m = bert.defaults()
+  m.family = "deberta"
+  m.variant = variant
+  m.vocab_size = 128100
+  m.embedding_size = hidden
+  m.hidden_size = hidden
+  m.num_hidden_layers = n_layers
+  m.num_attention_heads = n_heads
+  m.intermediate_size = width
+  m.type_vocab_size = 0
+  m.layer_norm_eps = 1e-7
+  m.relative_attention = True
+  m.max_relative_positions = -1  # < 1: max_position_embeddings
+  m.position_buckets = 256  # <= 0: no buckets (span max_relative_positions)
+  m.pos_att_type = ("p2c", "c2p")
+  m.share_att_key = True
+  m.norm_rel_ebd = "layer_norm"  # layer_norm | none
+  m.position_biased_input = False
+  m.conv_kernel_size = 0  # > 0: v2's convolution after the first layer
+  m.conv_act = "tanh"
+  m.legacy = True  # MLM head names: cls.predictions (True) | lm_predictions.lm_head
+  m.pooler_hidden_act = "gelu"
+  m.relative_impl = "shift"  # shift | gather (the reference)
+  m.heads = ("mlm",)  # subset of: pooler, mlm
+  del m["position_style"]
+  return m
+
+
+def max_relative(cfg) -> int:
+  return cfg.max_relative_positions if cfg.max_relative_positions >= 1 else \
+      cfg.max_position_embeddings
+
+
+def span(cfg) -> int:
+  """S: the relative table has 2S rows."""
+  return cfg.position_buckets if cfg.position_buckets > 0 else max_relative(cfg)
+
+
+def validate(cfg):
+  unknown = set(cfg.pos_att_type) - set(relative.TERMS)
+  if unknown:
+    raise ValueError(f"pos_att_type has {sorted(unknown)}; DeBERTa knows {relative.TERMS}")
+  if cfg.norm_rel_ebd not in ("layer_norm", "none"):
+    raise ValueError(f"norm_rel_ebd={cfg.norm_rel_ebd!r}; use 'layer_norm' or 'none'")
+  if cfg.relative_impl not in relative.REL_IMPLS:
+    raise ValueError(f"relative_impl={cfg.relative_impl!r}; use one of {relative.REL_IMPLS}")
+  if cfg.hidden_size % cfg.num_attention_heads:
+    raise ValueError("hidden_size must be a multiple of num_attention_heads")
+  if cfg.conv_kernel_size > 0 and cfg.conv_kernel_size % 2 == 0:
+    raise ValueError(f"conv_kernel_size={cfg.conv_kernel_size} must be odd (same padding)")
+  if cfg.conv_kernel_size > 0 and cfg.get("scan_layers", False):
+    raise ValueError("scan_layers needs identical layers; DeBERTa v2's convolution makes the "
+                     "first layer differ (set conv_kernel_size=0 or scan_layers=False)")
+
+
+def relative_flops(cfg, t: int) -> int:
+  """Per layer and sequence: each relative term multiplies T queries (or keys) by the
+  distinct relative rows a sequence uses, min(2S, 2T - 1), over D. The projections of the
+  relative table are per batch, not per sequence, and are not counted."""
+  if not cfg.relative_attention:
+    return 0
+  rows = min(2 * span(cfg), 2 * t - 1)
+  return len(cfg.pos_att_type) * 2 * t * rows * cfg.hidden_size
+
+
+def forward_flops(cfg, seq_len: int, mlm_positions=None) -> float:
+  """Embedding projection (E != D), L BERT layers plus the relative terms, v2's
+  convolution (2 T D^2 per tap), the pooler and the MLM head over its positions."""
+  t, d, e = seq_len, cfg.hidden_size, cfg.embedding_size
+  total = cfg.num_hidden_layers * (bert.layer_flops(t, d, cfg.intermediate_size)
+                                   + relative_flops(cfg, t))
+  if e != d:
+    total += 2 * t * e * d
+  if cfg.conv_kernel_size > 0:
+    total += 2 * t * d * d * cfg.conv_kernel_size
+  return float(total + bert.head_flops(cfg, t, d, e, mlm_positions))
+
+
+class Conv(nn.Module):
+  """v2's ConvLayer, as EncoderBlock's `post`: (x_in (B,T,D), x_out (B,T,D)) ->
+  LayerNorm(x_out + act(conv(x_in))) at real tokens, 0 at padding. The kernel is in
+  transformers' (D_out, D_in, k) layout; each tap reads only tokens of the same segment."""
+  kernel_size: int
+  act: str = "tanh"
+  layer_norm_eps: float = 1e-7
+  dropout_rate: float = 0.0
+  init_std: float = 0.02
+  dtype: layers.Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_in, x_out, inputs: layers.AttentionInputs, deterministic=True):
+    d = x_in.shape[-1]
+    seg = inputs.extra["segments"]  # (B,T) int, 0 = padding
+    kernel = self.param("kernel", layers.normal_init(self.init_std, ("mlp", "embed", None)),
+                        (d, d, self.kernel_size), jnp.float32).astype(self.dtype)
+    bias = self.param("bias", layers.zeros_init(("embed",)), (d,), jnp.float32)
+    real = (seg > 0)[..., None]
+    x = jnp.where(real, x_in, 0).astype(self.dtype)
+    t, half = x.shape[1], self.kernel_size // 2
+    xp = jnp.pad(x, ((0, 0), (half, half), (0, 0)))
+    sp = jnp.pad(seg, ((0, 0), (half, half)))
+    out = bias.astype(self.dtype)
+    for tap in range(self.kernel_size):  # output t reads input t + tap - half
+      same = (sp[:, tap:tap + t] == seg)[..., None]
+      out = out + jnp.where(same, jnp.einsum("btd,od->bto", xp[:, tap:tap + t],
+                                             kernel[:, :, tap]), 0)
+    out = jnp.where(real, out, 0)
+    out = layers.activation(self.act)(layers.Dropout(self.dropout_rate)(out, deterministic))
+    y = layers.LayerNorm(self.layer_norm_eps, dtype=self.dtype, name="norm")(x_out + out)
+    return jnp.where(real, y, 0).astype(x_out.dtype)
+
+
+class ContextPooler(nn.Module):
+  """(B,T,D) -> (B,D): act(dense(first token)) (DeBERTa's ContextPooler)."""
+  hidden_size: int
+  act: str = "gelu"
+  init_std: float = 0.02
+  dtype: layers.Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    return layers.activation(self.act)(layers.Dense(
+        (self.hidden_size,), ("embed", "mlp"), init_std=self.init_std, dtype=self.dtype,
+        name="dense")(x[:, 0]))
+
+
+@base.register_family("deberta")
+class Deberta(model.Encoder):
+  """DeBERTa v2/v3: disentangled attention over a shared relative table, post-LN layers."""
+  defaults = staticmethod(defaults)
+  forward_flops = staticmethod(forward_flops)
+
+  def max_length(self):
+    c = self.config
+    return c.max_position_embeddings if c.position_biased_input else None
+
+  def setup(self):
+    c = self.config
+    validate(c)
+    super().setup()
+    if c.relative_attention:
+      self.rel_embeddings = nn.Embed(
+          2 * span(c), c.hidden_size, param_dtype=jnp.float32, dtype=jnp.float32,
+          embedding_init=layers.normal_init(c.initializer_range, (None, "embed")))
+      if c.norm_rel_ebd == "layer_norm":
+        self.rel_norm = layers.LayerNorm(c.layer_norm_eps)
+
+  def attention_inputs(self, attention_mask, segment_ids, position_ids):
+    inputs = super().attention_inputs(attention_mask, segment_ids, position_ids)
+    c = self.config
+    seg = attention_mask.astype(jnp.int32) if segment_ids is None else jnp.where(
+        attention_mask.astype(bool), segment_ids, 0).astype(jnp.int32)
+    rel = None
+    if c.relative_attention:
+      rel = self.rel_embeddings.embedding
+      if c.norm_rel_ebd == "layer_norm":
+        rel = self.rel_norm(rel)
+    return inputs.replace(rel_embeddings=rel, extra={"segments": seg})
+
+  def parts(self) -> model.Parts:
+    c = self.config
+    dtype = layers.dtype_from_name(c.dtype)
+    std = c.initializer_range
+    attention = functools.partial(
+        relative.DisentangledAttention, num_heads=c.num_attention_heads,
+        head_dim=c.hidden_size // c.num_attention_heads, hidden_size=c.hidden_size,
+        dropout_rate=c.attention_probs_dropout_prob, impl=c.attention_impl, init_std=std,
+        dtype=dtype, pos_att_type=tuple(c.pos_att_type), share_att_key=c.share_att_key,
+        relative_attention=c.relative_attention, span=span(c),
+        position_buckets=c.position_buckets, max_relative_positions=max_relative(c),
+        pos_dropout_rate=c.hidden_dropout_prob, rel_impl=c.relative_impl)
+    mlp = functools.partial(layers.Mlp, c.intermediate_size, c.hidden_size, c.hidden_act,
+                            init_std=std, dtype=dtype)
+    norm = functools.partial(layers.LayerNorm, c.layer_norm_eps, dtype=dtype)
+    block_cls = layers.remat_block(layers.EncoderBlock, c.remat_policy)
+    block = functools.partial(block_cls, attention, mlp, norm,
+                              dropout_rate=c.hidden_dropout_prob)
+    first = block
+    if c.conv_kernel_size > 0:
+      first = functools.partial(block, post=functools.partial(
+          Conv, c.conv_kernel_size, c.conv_act, c.layer_norm_eps, c.hidden_dropout_prob,
+          std, dtype))
+    return model.Parts(
+        embeddings=functools.partial(
+            layers.Embeddings, vocab_size=base.padded_vocab_size(c),
+            embedding_size=c.embedding_size,
+            max_position_embeddings=c.max_position_embeddings if c.position_biased_input
+            else 0, type_vocab_size=c.type_vocab_size, layer_norm_eps=c.layer_norm_eps,
+            dropout_rate=c.hidden_dropout_prob,
+            projection_size=c.hidden_size if c.embedding_size != c.hidden_size else 0,
+            projection_bias=False, project_before_norm=True, init_std=std, dtype=dtype),
+        stack=functools.partial(layers.Stack, c.num_hidden_layers,
+                                lambda i: first if i == 0 else block,
+                                scan=c.get("scan_layers", False)),
+        heads={"pooler": functools.partial(ContextPooler, c.hidden_size,
+                                           c.pooler_hidden_act, std, dtype),
+               "mlm": functools.partial(heads.MlmHead, c.vocab_size, c.embedding_size,
+                                        c.hidden_act, c.layer_norm_eps, std, dtype)})

@@ -1,0 +1,179 @@
+"""Relative-position attention terms (DeBERTa's disentangled attention, He et al. 2021).
+
+For queries i and keys j the score adds, to the content term q_i . k_j, a content-to-
+position term (c2p) q_i . Pk[r(i, j)] and a position-to-content term (p2c) k_j . Pq[r(i, j)],
+where Pk, Pq are projections of a small table of relative embeddings (2S rows, S the
+attention span: `position_buckets`, or `max_relative_positions` without buckets) and
+r(i, j) = clip(bucket(i - j) + S, 0, 2S - 1) depends on i - j only.
+
+Two formulations of the (B,H,T,T) term, tested against each other:
+- "gather" (the reference, transformers' math): q . Pk over all 2S rows -> (B,H,T,2S),
+  then a gather by r(i, j) -> (B,H,T,T). The gather of (B,H,T,T) elements out of a
+  (B,H,T,2S) tensor is what makes DeBERTa slow on TPU.
+- "shift" (the default): the table is first expanded to one row per distance
+  d = i - j in [-(T-1), T-1] (a gather of 2T-1 rows from a (2S,H,K) table: tiny), then
+  q . P[d] for every distance is one matmul -> (B,H,T,2T-1), and the "relative shift"
+  (pad, reshape, slice; Transformer-XL's skew) turns row i's distances into its T keys.
+  No large gather: the expensive work is a matmul the MXU runs, and the rest is a copy.
+The bucketed semantics are the same: r(i, j) is computed by the same function in both.
+"""
+import functools
+from typing import Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from encoders.layers.attention import MultiHeadAttention
+from encoders.layers.core import Dense
+from encoders.layers.dropout import Dropout
+from encoders.layers.masks import AttentionInputs
+
+Array = jax.Array
+REL_IMPLS = ("shift", "gather")
+TERMS = ("c2p", "p2c")
+
+
+def log_bucket_position(rel: np.ndarray, bucket_size: int, max_position: int) -> np.ndarray:
+  """DeBERTa's log buckets of relative distances (int array -> int array): distances with
+  |d| < bucket_size // 2 stay exact; longer ones map logarithmically so that
+  max_position - 1 lands on bucket_size - 1. Computed in float32 as transformers does."""
+  rel = np.asarray(rel, np.int64)
+  sign = np.sign(rel)
+  mid = bucket_size // 2
+  abs_pos = np.where((rel < mid) & (rel > -mid), mid - 1, np.abs(rel))
+  ratio = (abs_pos / mid).astype(np.float32)
+  denom = np.log(np.float32((max_position - 1) / mid))
+  log_pos = np.ceil(np.log(ratio) / denom * np.float32(mid - 1)).astype(np.float32) + mid
+  return np.where(abs_pos <= mid, rel, log_pos * sign).astype(np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def distance_rows(length: int, span: int, buckets: int, max_position: int) -> np.ndarray:
+  """(2T-1,) int32: the relative-embedding row of each distance d = i - j, ordered
+  d = -(T-1), ..., T-1; the row is clip(bucket(d) + span, 0, 2 * span - 1)."""
+  d = np.arange(-(length - 1), length)
+  if buckets > 0 and max_position > 0:
+    d = log_bucket_position(d, buckets, max_position)
+  return np.clip(d + span, 0, 2 * span - 1).astype(np.int32)
+
+
+def bucketed_distances(length: int, buckets: int, max_position: int) -> np.ndarray:
+  """(T,T) int: bucket(i - j) of query i and key j (plain i - j without buckets)."""
+  i = np.arange(length)
+  d = i[:, None] - i[None, :]
+  if buckets > 0 and max_position > 0:
+    d = log_bucket_position(d, buckets, max_position)
+  return d
+
+
+def relative_shift(full: Array) -> Array:
+  """(..., T, 2T-1) with column m holding offset j - i = m - (T-1) -> (..., T, T) with
+  [i, j] = full[i, j - i + T - 1]: pad a column, flatten the last two dims, drop the first
+  T-1 entries and read rows of 2T-1 (Transformer-XL's skew, here on the full range)."""
+  *lead, t, width = full.shape
+  if width != 2 * t - 1:
+    raise ValueError(f"relative_shift needs (..., T, 2T-1), got {full.shape}")
+  flat = jnp.pad(full, [(0, 0)] * len(lead) + [(0, 0), (0, 1)]).reshape(*lead, 2 * t * t)
+  flat = jax.lax.slice_in_dim(flat, t - 1, t - 1 + t * (2 * t - 1), axis=-1)
+  return flat.reshape(*lead, t, 2 * t - 1)[..., :t]
+
+
+def relative_scores(q: Array, k: Array, pos_key: Array, pos_query: Array,
+                    terms: Sequence[str], rows: Tuple[int, int, int], impl: str = "shift"
+                    ) -> Array:
+  """The c2p + p2c score term (B,H,T,T) in float32, unscaled.
+
+  q, k (B,T,H,K); pos_key, pos_query (2S,H,K) projections of the relative table (either
+  may be None when its term is off); rows = (span, buckets, max_position)."""
+  t = q.shape[1]
+  span, buckets, max_position = rows
+  out = 0.0
+  f32 = dict(preferred_element_type=jnp.float32)
+  if impl == "gather":
+    rel = bucketed_distances(t, buckets, max_position)
+    if "c2p" in terms:  # [i, j] = q_i . Pk[clip(bucket(i - j) + S)]
+      idx = jnp.asarray(np.clip(rel + span, 0, 2 * span - 1).astype(np.int32))
+      c2p = jnp.einsum("bihk,rhk->bhir", q, pos_key, **f32)
+      out = out + jnp.take_along_axis(c2p, jnp.broadcast_to(idx, c2p.shape[:2] + (t, t)),
+                                      axis=-1)
+    if "p2c" in terms:  # [j, i] = k_j . Pq[clip(S - bucket(j - i))], then transposed
+      idx = jnp.asarray(np.clip(span - rel, 0, 2 * span - 1).astype(np.int32))
+      p2c = jnp.einsum("bjhk,rhk->bhjr", k, pos_query, **f32)
+      g = jnp.take_along_axis(p2c, jnp.broadcast_to(idx, p2c.shape[:2] + (t, t)), axis=-1)
+      out = out + jnp.swapaxes(g, -1, -2)
+    return out
+  if impl != "shift":
+    raise ValueError(f"unknown relative attention impl {impl!r}; use one of {REL_IMPLS}")
+  dist = distance_rows(t, span, buckets, max_position)  # row of d = -(T-1) .. T-1
+  if "c2p" in terms:
+    # column m of the shift's input is offset j - i = m - (T-1), i.e. d = i - j = T-1-m
+    table = jnp.take(pos_key, jnp.asarray(dist[::-1].copy()), axis=0)
+    out = out + relative_shift(jnp.einsum("bihk,mhk->bhim", q, table, **f32))
+  if "p2c" in terms:
+    # p2c[i, j] = k_j . Pq[row(i - j)]: rows j, column m = i - j + T - 1 (d = m - (T-1))
+    table = jnp.take(pos_query, jnp.asarray(dist), axis=0)
+    out = out + jnp.swapaxes(relative_shift(jnp.einsum("bjhk,mhk->bhjm", k, table, **f32)),
+                             -1, -2)
+  return out
+
+
+class DisentangledAttention(MultiHeadAttention):
+  """DeBERTa's disentangled self-attention: MultiHeadAttention's projections and kernels,
+  with the c2p/p2c terms added to the scores as an additive bias and every term scaled by
+  1/sqrt(K * (1 + number of terms)).
+
+  Reads `inputs.rel_embeddings` (2S, D): the (normed) relative table, shared by all
+  layers. `share_att_key`: the relative table goes through this layer's own key (c2p) and
+  query (p2c) projections; otherwise through `pos_key` / `pos_query` of its own.
+  `relative_attention=False` leaves only the content term (still scaled by the terms
+  named in `pos_att_type`, as transformers does).
+  """
+  pos_att_type: Tuple[str, ...] = TERMS
+  share_att_key: bool = True
+  relative_attention: bool = True
+  span: int = 256
+  position_buckets: int = 256
+  max_relative_positions: int = 512
+  pos_dropout_rate: float = 0.0
+  rel_impl: str = "shift"
+
+  def setup(self):
+    super().setup()
+    unknown = set(self.pos_att_type) - set(TERMS)
+    if unknown:
+      raise ValueError(f"unknown pos_att_type {sorted(unknown)}; use a subset of {TERMS}")
+    if self.relative_attention and not self.share_att_key:
+      proj = functools.partial(Dense, (self.num_heads, self.head_dim),
+                               ("embed", "heads", "kv"), use_bias=True,
+                               init_std=self.init_std, dtype=self.dtype)
+      if "c2p" in self.pos_att_type:
+        self.pos_key = proj(name="pos_key")
+      if "p2c" in self.pos_att_type:
+        self.pos_query = proj(name="pos_query")
+    self.pos_dropout = Dropout(self.pos_dropout_rate)
+
+  def __call__(self, x, inputs: AttentionInputs, deterministic: bool = True):
+    if self.impl == "splash":
+      raise ValueError("DeBERTa's relative terms are an additive score bias, which "
+                       "attention_impl='splash' does not take; use 'xla'")
+    q, k, v = self.project(x, inputs.query)
+    n_terms = len(self.pos_att_type)
+    scale = float(1.0 / np.sqrt(self.head_dim * (1 + n_terms)))
+    bias = None
+    if self.relative_attention and n_terms:
+      if inputs.rel_embeddings is None:
+        raise ValueError("relative attention needs inputs.rel_embeddings")
+      rel = inputs.rel_embeddings[:2 * self.span].astype(self.dtype)
+      rel = self.pos_dropout(rel, deterministic=deterministic)
+      pk = pq = None
+      if "c2p" in self.pos_att_type:
+        pk = (self.key if self.share_att_key else self.pos_key)(rel)
+      if "p2c" in self.pos_att_type:
+        pq = (self.query if self.share_att_key else self.pos_query)(rel)
+      bias = relative_scores(q, k, pk, pq, self.pos_att_type,
+                             (self.span, self.position_buckets, self.max_relative_positions),
+                             self.rel_impl) * scale
+    ctx = self.attend(q, k, v, inputs.mask_of(self.mask_kind), bias, deterministic,
+                      scale=scale)
+    return self.out(ctx)
