@@ -60,7 +60,6 @@ def get_config(arg="base"):
     c.train.eval_every = 250
     c.checkpoint.every = 500
     return c.lock()
-  c.model.dtype = "bfloat16"
   c.tokenizer.model_type = "bpe"
   c.tokenizer.vocab_size = 50368
   c.optimizer.name = "adamw"

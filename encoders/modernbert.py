@@ -115,6 +115,9 @@ def validate(cfg):
                      f"num_attention_heads={cfg.num_attention_heads}")
   if (cfg.hidden_size // cfg.num_attention_heads) % 2:
     raise ValueError("rotary attention needs an even head dim")
+  if cfg.pad_token_id is not None and not 0 <= cfg.pad_token_id < cfg.vocab_size:
+    raise ValueError(f"pad_token_id={cfg.pad_token_id} is outside the vocabulary "
+                     f"(vocab_size={cfg.vocab_size})")
   if cfg.global_attn_every_n_layers < 1:
     raise ValueError("global_attn_every_n_layers must be >= 1")
   if cfg.local_attention < 2 or cfg.local_attention % 2:

@@ -155,8 +155,8 @@ def test_parameter_count_matches_transformers(variant, millions):
 
 def _random_model(impl="einsum", **over):
   cfg = mb.defaults("tiny")
-  cfg.update(vocab_size=99, num_hidden_layers=4, local_attention=4, attention_impl=impl,
-             dtype="float32", **over)
+  cfg.update(vocab_size=99, pad_token_id=0, num_hidden_layers=4, local_attention=4,
+             attention_impl=impl, dtype="float32", **over)
   model = encoders.build(cfg)
   params = encoders.init_params(model, jax.random.PRNGKey(0))
   # non-trivial norms so a wrong position or mask shows
@@ -219,6 +219,10 @@ def test_config_errors_are_named():
   cfg.local_attention = 5
   with pytest.raises(ValueError, match="local_attention"):
     encoders.init_params(encoders.build(cfg), jax.random.PRNGKey(0))
+  cfg = mb.defaults("tiny")
+  cfg.vocab_size = 512  # the default pad id 50283 lies outside it
+  with pytest.raises(ValueError, match="pad_token_id"):
+    encoders.init_params(encoders.build(cfg), jax.random.PRNGKey(0))
 
 
 def test_flops_count_local_layers_as_windowed():
@@ -235,8 +239,19 @@ def test_flops_count_local_layers_as_windowed():
 def test_tiny_config_builds():
   cfg = mb_configs.get_config("tiny").model.unlock()
   assert cfg.local_attention < 128 and cfg.num_hidden_layers == 4
-  cfg.vocab_size = 99  # the trainer sizes it to the tokenizer
+  cfg.vocab_size, cfg.pad_token_id = 99, 0  # the trainer sizes them to the tokenizer
   model = encoders.build(cfg)
   params = encoders.init_params(model, jax.random.PRNGKey(0))
   out = model.apply({"params": params}, jnp.ones((2, 16), jnp.int32))
   assert out.mlm_logits.shape == (2, 16, cfg.vocab_size)
+
+
+@pytest.mark.parametrize("setting", ["paper", "global_every_layer", "mask15"])
+def test_ablation_settings(setting):
+  from configs.ablations import modernbert as ablations
+  c = ablations.get_config(f"tiny,setting={setting}")
+  assert c.is_locked
+  assert c.model.global_attn_every_n_layers == (1 if setting == "global_every_layer" else 3)
+  assert c.objective.mask_rate == (0.15 if setting == "mask15" else 0.3)
+  for phase, seq in ((1, 1024), (2, 8192)):
+    assert mb_configs.get_config(f"base,phase={phase}").data.seq_len == seq
