@@ -5,23 +5,9 @@ Sections: model, objective, data, tokenizer, optimizer, train, mesh, checkpoint,
 """
 import ml_collections
 
-# Logical axis name -> mesh axis (or None = replicated). Model code names only the logical
-# axes; this table is the one place that maps them onto the (data, fsdp, tensor) mesh.
-DEFAULT_RULES = (
-    ("act_batch", ("data", "fsdp")),
-    ("act_len", None),
-    ("act_embed", None),
-    ("act_heads", "tensor"),
-    ("act_kv", None),
-    ("act_mlp", "tensor"),
-    ("act_vocab", "tensor"),
-    ("vocab", "tensor"),
-    ("embed", "fsdp"),
-    ("heads", "tensor"),
-    ("kv", None),
-    ("mlp", "tensor"),
-    ("layers", None),
-)
+# Logical axis name -> mesh axis (or None = replicated): the table lives in encoders/
+# (encoders/sharding_rules.py), so that encoders.from_hf(..., mesh=) can use it too.
+from encoders.sharding_rules import DEFAULT_RULES  # noqa: F401
 
 
 def parse_arg(arg, **defaults):

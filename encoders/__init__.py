@@ -4,6 +4,7 @@
     out = model.apply({"params": params}, input_ids, attention_mask, token_type_ids)
     out.last_hidden_state, out.mlm_logits, out.nsp_logits
     encoders.to_hf(model, params, out_dir)        # loadable by transformers.from_pretrained
+    apply_fn, params = encoders.load(dir)         # a plain function (encoders/pure.py)
 """
 import importlib
 import pkgutil
@@ -18,9 +19,11 @@ for _info in pkgutil.iter_modules(__path__):
     importlib.import_module(f"encoders.{_info.name}")
 
 from encoders.hf import from_hf, to_hf, hf_config  # noqa: E402
+from encoders.pure import as_function, load, place, to_nnx  # noqa: E402
 
 __all__ = ["EncoderOutput", "build", "from_hf", "to_hf", "hf_config", "register_family",
-           "validate_inputs", "init_params", "family_defaults", "forward_flops"]
+           "validate_inputs", "init_params", "family_defaults", "forward_flops",
+           "load", "as_function", "place", "to_nnx"]
 
 
 def init_params(model, rng, batch_size=1, length=8):

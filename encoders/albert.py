@@ -13,7 +13,7 @@ import functools
 
 import ml_collections
 
-from encoders import base, bert, heads, layers, model
+from encoders import base, bert, heads, layers, model, tasks
 
 # Lan et al. 2020, Table 1 (and the released v2 models): layers, hidden, heads, E.
 VARIANTS = {
@@ -71,6 +71,12 @@ class Albert(model.Encoder):
   """BERT's layers and heads with factorized embeddings, shared layer groups and SOP."""
   defaults = staticmethod(defaults)
   forward_flops = staticmethod(forward_flops)
+
+  @staticmethod
+  def task_heads(cfg) -> tasks.TaskHeads:
+    """Sequence: the tanh pooler, then the classifier; tokens and QA: one linear layer."""
+    return tasks.TaskHeads(sequence=tasks.Head(pooling="pooler"), token=tasks.Head(),
+                           qa=tasks.Head(dropout=0.0))
 
   @staticmethod
   def scan_params(cfg, params):

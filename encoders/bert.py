@@ -8,7 +8,7 @@ import functools
 import jax.numpy as jnp
 import ml_collections
 
-from encoders import base, heads, layers, model
+from encoders import base, heads, layers, model, tasks
 
 
 def defaults() -> ml_collections.ConfigDict:
@@ -97,6 +97,14 @@ class Bert(model.Encoder):
   head tied to the word embeddings, NSP on the tanh pooler."""
   defaults = staticmethod(defaults)
   forward_flops = staticmethod(forward_flops)
+
+  @staticmethod
+  def task_heads(cfg) -> tasks.TaskHeads:
+    """BERT classifies its tanh pooler output; RoBERTa's head is its own dense + tanh on
+    <s>. Tokens and QA: one linear layer on each hidden state."""
+    roberta = cfg.get("position_style") == "roberta"
+    seq = tasks.Head(pooling="cls", act="tanh") if roberta else tasks.Head(pooling="pooler")
+    return tasks.TaskHeads(sequence=seq, token=tasks.Head(), qa=tasks.Head(dropout=0.0))
 
   def position_offset(self) -> int:
     return self.config.pad_token_id + 1 if self.config.position_style == "roberta" else 0

@@ -1,4 +1,5 @@
-"""Task heads shared by the families: MLM, pooler, sentence-pair classifiers (NSP/SOP)."""
+"""Task heads shared by the families: MLM, pooler, sentence-pair classifiers (NSP/SOP),
+replaced-token detection (RTD)."""
 from typing import Callable
 
 import flax.linen as nn
@@ -61,3 +62,22 @@ class Classifier(nn.Module):
   def __call__(self, x):
     return layers.Dense((self.num_labels,), ("embed", None), init_std=self.init_std,
                         dtype=self.dtype, name="dense")(x)
+
+
+class RtdHead(nn.Module):
+  """(B,T,D) -> (B,T): ELECTRA's replaced-token-detection scorer, dense D -> D, `act`,
+  dense D -> 1 (a logit per token; > 0 means "replaced"). Any family can carry it
+  (objectives/rtd.py adds it to a family that does not declare one)."""
+  hidden_size: int
+  act: str = "gelu"
+  init_std: float = 0.02
+  dtype: layers.Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    h = layers.Dense((self.hidden_size,), ("embed", "mlp"), init_std=self.init_std,
+                     dtype=self.dtype, name="dense")(x)
+    h = layers.activation(self.act)(h)
+    out = layers.Dense((1,), ("mlp", None), init_std=self.init_std, dtype=self.dtype,
+                       name="prediction")(h)
+    return out[..., 0]

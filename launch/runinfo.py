@@ -41,8 +41,9 @@ def config_summary(config, objective=None) -> Dict[str, Any]:
          "vocab_size": m.vocab_size, "vocab_pad_multiple": m.get("vocab_pad_multiple", 1),
          "model_heads": list(m.heads), "dtype": m.dtype,
          "attention_impl": m.attention_impl, "remat_policy": m.remat_policy,
-         "scan_layers": m.scan_layers, "hidden_dropout": m.hidden_dropout_prob,
-         "attention_dropout": m.attention_probs_dropout_prob,
+         "scan_layers": m.scan_layers, "hidden_dropout": m.get("hidden_dropout_prob"),
+         "attention_dropout": m.get("attention_probs_dropout_prob",
+                                    m.get("attention_dropout")),
          "mesh": list(config.mesh.shape)}
   out["objective"] = objective.describe() if objective is not None else {
       "name": config.objective.name}

@@ -5,3 +5,5 @@ and export."""
 from objectives.base import (Objective, get_objective, objective_class, prepare_config,
                              register_objective)
 from objectives import mlm  # noqa: F401  (registers mlm, mlm_nsp, mlm_sop)
+from objectives import rtd  # noqa: F401,E402  (registers rtd)
+from objectives import distill  # noqa: F401,E402  (registers distill)

@@ -206,6 +206,8 @@ class MaskedLM(Objective):
     x = {"input_ids": b["input_ids"].astype(np.int64),
          "attention_mask": (b["segment_ids"] > 0).astype(np.int64),
          "token_type_ids": b["token_type_ids"].astype(np.int64)}
+    if not self.model_config.get("type_vocab_size", 1):
+      del x["token_type_ids"]  # a model without token types (DistilBERT) takes none
     if train:
       # A data collator's work (outside the timed step): mask_rate of the tokens masked.
       rng = np.random.RandomState(seed)

@@ -16,7 +16,6 @@ import logging
 import os
 
 import jax
-import numpy as np
 
 log = logging.getLogger("encoder_zoo")
 
@@ -24,13 +23,21 @@ KEPT = ("dtype", "attention_impl", "remat_policy", "scan_layers", "vocab_pad_mul
         "heads")
 
 
-def _load(path: str, model_config):
-  """(model, params) of the directory, with this run's execution settings. Not kept
-  between `configure` and `load_into`: a resumed run never loads the weights, and should
-  not hold a host copy of them."""
+def _load(path: str, model_config, shardings=None):
+  """(model, params) of the directory, with this run's execution settings, streamed from
+  its safetensors straight onto `shardings` (a params tree; encoders/hf/stream.py). Not
+  kept between `configure` and `load_into`: a resumed run never loads the weights."""
   import encoders
   overrides = {k: model_config[k] for k in KEPT if k != "heads" and k in model_config}
-  return encoders.from_hf(path, **overrides)
+  return encoders.from_hf(path, shardings=shardings, **overrides)
+
+
+def _model_config(path: str, model_config):
+  """The directory's model config with this run's execution settings (no weights read)."""
+  import encoders
+  from encoders.hf import stream
+  overrides = {k: model_config[k] for k in KEPT if k != "heads" and k in model_config}
+  return encoders.build(stream.config(path, **overrides)[0]).config
 
 
 def tokenizer_file(path: str) -> str:
@@ -49,8 +56,8 @@ def configure(config):
     return
   if not os.path.isfile(os.path.join(path, "config.json")):
     raise ValueError(f"init_from={path!r} is not a Hugging Face directory (no config.json)")
-  model, _ = _load(path, config.model)
-  theirs = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
+  model_config = _model_config(path, config.model)
+  theirs = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
   kept = {k: config.model[k] for k in KEPT if k in config.model}
   for k, v in theirs.items():
     if k not in KEPT:
@@ -94,8 +101,7 @@ def _copy(tree):
 def load_into(path: str, params, shardings, model_config):
   """`params` (a module's sharded params) with the directory's tensors in place.
   `model_config`: the run's model section (after `configure`)."""
-  loaded = _load(path, model_config)
-  _, theirs = loaded
+  _, theirs = _load(path, model_config, shardings)
   ours, flat_s = _flat(params), _flat(shardings)
   flat_t = _flat(theirs)
   out = _copy(params)
@@ -105,13 +111,11 @@ def load_into(path: str, params, shardings, model_config):
     if p not in ours:
       continue
     target = ours[p]
-    value = np.asarray(jax.device_get(value))
     if tuple(value.shape) != tuple(target.shape):
       raise ValueError(f"init_from={path!r}: {'/'.join(p)} has shape {value.shape} in the "
                        f"checkpoint, {tuple(target.shape)} in the model")
-    value = value.astype(target.dtype)
-    _set(out, p, jax.make_array_from_callback(value.shape, flat_s[p],
-                                              lambda idx, v=value: v[idx]))
+    # Already on its sharding (streamed there); a no-op unless the dtype differs.
+    _set(out, p, jax.device_put(value.astype(target.dtype), flat_s[p]))
   log.info("init_from %s: loaded %d tensors; fresh init for %d (%s); not used: %d (%s)",
            path, len(ours) - len(fresh), len(fresh), ", ".join(fresh[:8]), len(skipped),
            ", ".join(skipped[:8]))

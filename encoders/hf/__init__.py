@@ -140,21 +140,8 @@ def refuse_unknown(hf: dict, consumed: Sequence[str], required: Dict[str, object
 def read_safetensors(path: str) -> Dict[str, np.ndarray]:
   """All tensors of an HF directory as float32/int numpy arrays. Refuses pickle files."""
   from safetensors.numpy import load_file
-  single = os.path.join(path, "model.safetensors")
-  index = os.path.join(path, "model.safetensors.index.json")
-  if os.path.isfile(single):
-    files = [single]
-  elif os.path.isfile(index):
-    with open(index) as f:
-      weight_map = json.load(f)["weight_map"]
-    files = [os.path.join(path, name) for name in sorted(set(weight_map.values()))]
-  elif any(os.path.isfile(os.path.join(path, n)) for n in ("pytorch_model.bin", "tf_model.h5")):
-    raise ValueError(f"{path} holds only a pickle-based checkpoint (pytorch_model.bin); "
-                     "encoder-zoo never unpickles files. Convert it to safetensors first "
-                     "(e.g. save_pretrained(..., safe_serialization=True) in a trusted "
-                     "environment).")
-  else:
-    raise ValueError(f"no model.safetensors or model.safetensors.index.json in {path}")
+  from encoders.hf.stream import weight_files
+  files = weight_files(path)
   tensors = {}
   for name in files:
     for key, value in load_file(name).items():
@@ -218,56 +205,20 @@ def hf_config(path: str) -> dict:
     return json.load(f)
 
 
-def from_hf(path: str, heads: Optional[Sequence[str]] = None, **overrides):
+def from_hf(path: str, heads: Optional[Sequence[str]] = None, *, mesh=None, rules=None,
+            shardings=None, param_dtype=None, **overrides):
   """Loads an HF directory -> (model, params). `heads` defaults to the checkpoint's
-  architecture; `overrides` set model config fields (e.g. dtype="bfloat16")."""
-  import encoders
-  hf = hf_config(path)
-  mapping = _mapping_for(hf.get("model_type"))
-  tensors = read_safetensors(path)
-  arch = _architecture(mapping, hf, tensors)
-  _, arch_heads = mapping.architectures[arch]
-  cfg = mapping.config_from_hf(hf, tuple(heads) if heads is not None else arch_heads)
-  for key, value in overrides.items():
-    cfg[key] = value
-  tensors = _strip_prefix(tensors, mapping.base_prefix(hf))
-  model = encoders.build(cfg)
-  scan = cfg.get("scan_layers", False)
-  if scan:  # rules name layers unscanned; stacked below
-    flat_cfg = ml_collections.ConfigDict(cfg.to_dict())
-    flat_cfg.scan_layers = False
-  expected = _flatten(jax.eval_shape(lambda: encoders.init_params(
-      encoders.build(flat_cfg) if scan else model, jax.random.PRNGKey(0))))
-  shapes = {k: tuple(v.shape) for k, v in expected.items()}
-  flat, used = {}, set()
-  try:
-    for rule in expand(mapping.rules(cfg), cfg):
-      flat.update(import_rule(rule, tensors, shapes, cfg))
-      used.update(k for k in rule.hf_keys if k in tensors)
-  except ValueError as e:
-    raise ValueError(f"{path}: {e}") from None
-  for tied, source in mapping.tied.items():
-    if tied in tensors:
-      used.add(tied)
-      if tensors[tied].shape != tensors[source].shape or not np.array_equal(
-          tensors[tied], tensors[source]):
-        raise ValueError(f"{path}: {tied!r} differs from {source!r}; encoder-zoo ties them "
-                         "and does not support untied weights")
-  unexpected = sorted(k for k in tensors if k not in used and not mapping.is_ignorable(k))
-  if unexpected:
-    raise ValueError(f"{path}: unexpected tensors not used by {arch} in encoder-zoo: "
-                     f"{', '.join(unexpected[:20])}")
-  missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
-  if missing or extra:
-    raise ValueError(f"{path}: the {hf['model_type']} mapping does not cover the model's "
-                     f"parameters; missing {missing}, extra {extra}")
-  params = {}
-  for key, spec in expected.items():
-    _set(params, key, jax.numpy.asarray(flat[key], dtype=spec.dtype))
-  if scan:
-    params = _family_hook(cfg, "scan_params", lambda c, p: layers.stack_layer_params(
-        p, c.num_hidden_layers))(cfg, params)
-  return model, params
+  architecture; `overrides` set model config fields (e.g. dtype="bfloat16").
+
+  Tensors stream from the safetensors file(s) one at a time (encoders/hf/stream.py).
+  `mesh`: place every param as a jax.Array sharded on it by its logical axes through
+  `rules` (default encoders.sharding_rules.DEFAULT_RULES), each process reading only the
+  slices its devices hold; `shardings`: a params-shaped tree of shardings that overrides
+  those per param. Neither: params on the default device, as before. `param_dtype`
+  casts the stored params (default: the model's param dtype, float32)."""
+  from encoders.hf import stream
+  return stream.load(path, heads, mesh=mesh, rules=rules, shardings=shardings,
+                     param_dtype=param_dtype, **overrides)
 
 
 def _family_hook(cfg, name, default):
@@ -323,7 +274,7 @@ def to_hf(model, params, path: str, architecture: Optional[str] = None):
   return path
 
 
-_CORE = ("rules",)  # modules of this package that are not family mappings
+_CORE = ("rules", "stream")  # modules of this package that are not family mappings
 
 
 def _load_mappings():

@@ -1,5 +1,6 @@
 """ALBERT <-> Hugging Face (AlbertModel, AlbertForMaskedLM, AlbertForPreTraining)."""
 from encoders import albert as albert_family
+from encoders import tasks
 from encoders.hf import Mapping, PerLayer, Rule, refuse_unknown, register_mapping
 from encoders.hf.bert import post_ln_layer_rules
 
@@ -59,6 +60,12 @@ class AlbertMapping(Mapping):
     else:
       arch = "AlbertModel"
     return hf, arch
+
+  def task_hf(self, cfg, task):
+    """AlbertFor{SequenceClassification, TokenClassification, QuestionAnswering}."""
+    return {"sequence": tasks.TaskHF("AlbertForSequenceClassification", {"out": "classifier"}),
+            "token": tasks.TaskHF("AlbertForTokenClassification", {"out": "classifier"}),
+            "qa": tasks.TaskHF("AlbertForQuestionAnswering", {"out": "qa_outputs"})}[task]
 
   def rules(self, cfg):
     layer = post_ln_layer_rules(cfg, "encoder/group_{g}/layer_{j}",

@@ -1,6 +1,7 @@
 """BERT / RoBERTa <-> Hugging Face (BertModel, BertForMaskedLM, BertForPreTraining,
 RobertaModel, RobertaForMaskedLM)."""
 from encoders import bert as bert_family
+from encoders import tasks
 from encoders.hf import (Mapping, PerLayer, Rule, layer_indices, refuse_unknown,
                          register_mapping)
 
@@ -95,6 +96,18 @@ class BertMapping(Mapping):
     else:
       arch = "RobertaModel" if roberta else "BertModel"
     return hf, arch
+
+  def task_hf(self, cfg, task):
+    """Bert/RobertaFor{SequenceClassification, TokenClassification, QuestionAnswering};
+    RoBERTa's sequence head is classifier.dense + classifier.out_proj."""
+    name = "Roberta" if cfg.get("position_style") == "roberta" else "Bert"
+    if task == "sequence":
+      modules = ({"dense": "classifier.dense", "out": "classifier.out_proj"}
+                 if name == "Roberta" else {"out": "classifier"})
+      return tasks.TaskHF(f"{name}ForSequenceClassification", modules)
+    if task == "token":
+      return tasks.TaskHF(f"{name}ForTokenClassification", {"out": "classifier"})
+    return tasks.TaskHF(f"{name}ForQuestionAnswering", {"out": "qa_outputs"})
 
   def rules(self, cfg):
     layer = post_ln_layer_rules(cfg, "encoder/layer_{i}", "encoder.layer.{i}", BERT_LAYER)

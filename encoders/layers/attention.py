@@ -27,7 +27,8 @@ class MultiHeadAttention(nn.Module):
   out for XLA's CPU backend), "splash" (the Pallas TPU kernel; the mask must be a
   `SegmentMask`). Attention-probability dropout in training needs the probabilities:
   "cpu" applies it itself, "xla"/"cudnn" then take the einsum path, and splash refuses it
-  (set attention_probs_dropout_prob=0).
+  (set attention_probs_dropout_prob=0). A `SegmentMask` with a `local_window` reaches
+  splash as a banded mask and "xla"/"cudnn" as `local_window_size` (with the dense mask).
   """
   num_heads: int
   head_dim: int
@@ -78,8 +79,10 @@ class MultiHeadAttention(nn.Module):
       if not isinstance(mask, SegmentMask):
         raise ValueError("attention_impl='splash' needs the mask as a layers.SegmentMask "
                          "(segment ids), not a dense (T,T) mask")
-      ctx = kernels.splash_attention(q, k, v, mask.segment_ids, scale)
+      ctx = kernels.splash_attention(q, k, v, mask.segment_ids, scale,
+                                     local_window=mask.local_window)
     else:
+      window = mask.local_window if isinstance(mask, SegmentMask) else None
       if isinstance(mask, SegmentMask):
         mask = mask.dense()
       dropout_fn = ((lambda p: self.attn_dropout(p, deterministic=False)) if use_dropout
@@ -91,7 +94,8 @@ class MultiHeadAttention(nn.Module):
       elif self.impl in ("xla", "cudnn"):
         ctx = jax.nn.dot_product_attention(
             q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
-            scale=scale, implementation=self.impl)
+            scale=scale, implementation=self.impl,
+            local_window_size=(window // 2, window // 2) if window else None)
       else:
         raise ValueError(f"unknown attention impl {self.impl!r}; use one of {IMPLS}")
     return constrain(ctx, ("act_batch", "act_len", "act_heads", "act_kv"))

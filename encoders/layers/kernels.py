@@ -13,7 +13,8 @@ SPLASH_BLOCKS = (512, 256, 128)
 
 
 def splash_attention(q: Array, k: Array, v: Array, segment_ids: Array,
-                     scale: Optional[float] = None, interpret: bool = False) -> Array:
+                     scale: Optional[float] = None, interpret: bool = False,
+                     local_window: Optional[int] = None) -> Array:
   """Pallas Splash attention (TPU): q,k,v (B,T,H,K), segment_ids (B,T) -> (B,T,H,K).
 
   Full bidirectional attention restricted to equal segment ids, so packed documents never
@@ -22,7 +23,8 @@ def splash_attention(q: Array, k: Array, v: Array, segment_ids: Array,
   (`jax.set_mesh`) the kernel runs per shard through shard_map, with the batch and head
   dims split as the logical rules place `act_batch` and `act_heads`; without one it runs
   as one call. `interpret=True` runs the kernel in the Pallas interpreter (any backend;
-  tests on the CPU).
+  tests on the CPU). `local_window` w restricts each query to keys with |i - j| <= w // 2
+  (a banded `LocalMask`: blocks outside the band are skipped, so the work is windowed).
   """
   from jax.experimental.pallas.ops.tpu import splash_attention as sa
   b, t, h, d = q.shape
@@ -38,7 +40,9 @@ def splash_attention(q: Array, k: Array, v: Array, segment_ids: Array,
 
   def local(q, k, v, seg):
     heads = q.shape[2]
-    mask = sa.MultiHeadMask([sa.FullMask((t, t))] * heads)
+    one_head = (sa.FullMask((t, t)) if not local_window else
+                sa.LocalMask((t, t), (local_window // 2, local_window // 2), offset=0))
+    mask = sa.MultiHeadMask([one_head] * heads)
     kernel = sa.make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes,
                                 interpret=interpret)
 

@@ -36,12 +36,15 @@ class SegmentMask:
   """The attention mask as (B,T) int segment ids: a query attends the keys of its own
   segment; 0 marks padding. The splash path consumes this form directly (the kernel skips
   whole blocks across documents and never builds a (T,T) mask); the dense paths expand it
-  with `dense()`. Passed wherever a (B,1,T,T) bool mask may be."""
+  with `dense()`. Passed wherever a (B,1,T,T) bool mask may be. `local_window` (static)
+  further limits a query to keys with |i - j| <= local_window // 2 (ModernBERT's local
+  layers; splash then skips the blocks outside the band)."""
   segment_ids: Array
+  local_window: Optional[int] = flax.struct.field(pytree_node=False, default=None)
 
   def dense(self) -> Array:
     seg = self.segment_ids
-    return make_attention_mask((seg > 0).astype(jnp.int32), seg)
+    return make_attention_mask((seg > 0).astype(jnp.int32), seg, self.local_window)
 
 
 def segment_mask(attention_mask: Array, segment_ids: Optional[Array] = None) -> SegmentMask:

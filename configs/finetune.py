@@ -1,0 +1,62 @@
+"""Fine-tuning: a task head (encoders/tasks.py) on a pretrained HF directory.
+
+  python -m launch.finetune --config configs/finetune.py:sequence \
+      --config.init_from=DIR --workdir /tmp/ft \
+      --config.finetune.train_file=train.csv [--config.finetune.eval_file=dev.csv]
+  configs/finetune.py:token   CoNLL files;   configs/finetune.py:qa   SQuAD JSON
+  configs/finetune.py:regression             a table with a numeric label column
+
+The model section and the tokenizer come from `init_from` (as continued pretraining);
+the training length is `finetune.epochs` epochs of the train rows (train.steps is set
+from it); evaluation runs after every epoch, and the best epoch's weights are kept.
+"""
+from configs import common
+
+TASKS = {"sequence": ("sequence", "table"), "regression": ("sequence", "table"),
+         "token": ("token", "conll"), "qa": ("qa", "squad")}
+
+
+def get_config(arg="sequence"):
+  a = common.parse_arg(arg, variant="sequence")
+  if a.variant not in TASKS:
+    raise ValueError(f"unknown fine-tuning task {a.variant!r}; choose from {list(TASKS)}")
+  task, fmt = TASKS[a.variant]
+  c = common.base_config()
+  c.model.heads = ()
+  c.model.dtype = "float32"
+  c.objective.name = "finetune"
+  f = c.finetune = common.ml_collections.ConfigDict()
+  f.task = task
+  f.regression = a.variant == "regression"
+  f.data_format = fmt  # table (csv/tsv/jsonl) | conll | squad | tfds
+  f.train_file = ""
+  f.eval_file = ""  # empty: hold out eval_fraction of the train rows (seeded)
+  f.eval_fraction = 0.2
+  f.split_seed = 0
+  f.text_column = "text"
+  f.text_pair_column = ""
+  f.label_column = "label"
+  f.tfds_name = ""  # data_format=tfds, e.g. glue/sst2 (text_column=sentence)
+  f.tfds_data_dir = ""  # may be gs://...
+  f.tfds_train_split = "train"
+  f.tfds_eval_split = ""
+  f.labels = ()  # label names (id order); empty: the sorted distinct training labels
+  f.num_labels = 2
+  f.epochs = 3
+  f.stride = 64  # qa: context tokens shared by consecutive windows
+  f.n_best = 20  # qa: candidate starts / ends per window
+  f.max_answer_length = 30  # qa: tokens
+  f.version_2 = False  # qa: allow "no answer" (SQuAD v2)
+  f.null_threshold = 0.0  # qa v2: answer "" when null score - best span score > this
+  f.max_train_rows = -1  # -1: all
+  c.data.seq_len = 128
+  c.data.global_batch = 32
+  c.optimizer.learning_rate = 5e-5
+  c.optimizer.weight_decay = 0.01
+  c.optimizer.warmup_steps = 0
+  c.optimizer.schedule = "linear"
+  c.train.log_every = 20
+  c.checkpoint.keep = 1
+  c.checkpoint.use_async = False
+  c.logging.tensorboard = False
+  return c.lock()

@@ -1,0 +1,115 @@
+"""DistilBERT <-> Hugging Face (DistilBertModel, DistilBertForMaskedLM).
+
+HF's config names differ from ours (dim, n_layers, n_heads, hidden_dim, activation,
+dropout, attention_dropout). With `sinusoidal_pos_embds` the position table is not a
+parameter here: it is computed (HF's formula, in float64), checked against the file on
+import (an error if it differs) and written on export.
+"""
+import numpy as np
+
+from encoders import distilbert as distilbert_family
+from encoders.hf import (Mapping, PerLayer, Rule, layer_indices, refuse_unknown,
+                         register_mapping)
+
+# HF name -> ours
+_RENAMED = {"vocab_size": "vocab_size", "dim": "hidden_size", "n_layers": "num_hidden_layers",
+            "n_heads": "num_attention_heads", "hidden_dim": "intermediate_size",
+            "activation": "hidden_act", "max_position_embeddings": "max_position_embeddings",
+            "pad_token_id": "pad_token_id", "sinusoidal_pos_embds": "sinusoidal_pos_embds"}
+# Read for the dropout rates / init, or task heads' settings we do not model.
+_OTHER = ("dropout", "attention_dropout", "qa_dropout", "seq_classif_dropout")
+_REQUIRED = {"is_decoder": False, "add_cross_attention": False, "tie_word_embeddings": True}
+
+
+def sinusoidal_table(n_pos: int, dim: int) -> np.ndarray:
+  """HF's DistilBERT table in float64: angle pos / 10000^(2 (j // 2) / dim); sin at even
+  j, cos at odd j."""
+  pos = np.arange(n_pos, dtype=np.float64)[:, None]
+  j = np.arange(dim)
+  angles = pos / np.power(10000.0, 2 * (j // 2) / dim)[None, :]
+  return np.where(j % 2 == 0, np.sin(angles), np.cos(angles)).astype(np.float32)
+
+
+def layer_rules(cfg):
+  """One DistilBERT layer: our `encoder/layer_{i}/...` <-> HF `transformer.layer.{i}...`."""
+  d, h = cfg.hidden_size, cfg.num_attention_heads
+  qkv, out = (d, h, d // h), (h, d // h, d)
+  ours, hf = "encoder/layer_{i}", "transformer.layer.{i}"
+  r = []
+  for name, short in (("query", "q"), ("key", "k"), ("value", "v")):
+    r += [Rule(f"{ours}/attention/{name}/kernel", f"{hf}.attention.{short}_lin.weight",
+               "linear", shape=qkv),
+          Rule(f"{ours}/attention/{name}/bias", f"{hf}.attention.{short}_lin.bias",
+               shape=qkv[1:])]
+  r += [Rule(f"{ours}/attention/out/kernel", f"{hf}.attention.out_lin.weight", "linear",
+             shape=out, n_in=2),
+        Rule(f"{ours}/attention/out/bias", f"{hf}.attention.out_lin.bias")]
+  for part, key in (("attention_norm", "sa_layer_norm"), ("mlp_norm", "output_layer_norm")):
+    r += [Rule(f"{ours}/{part}/scale", f"{hf}.{key}.weight"),
+          Rule(f"{ours}/{part}/bias", f"{hf}.{key}.bias")]
+  for part, key in (("mlp/wi", "ffn.lin1"), ("mlp/wo", "ffn.lin2")):
+    r += [Rule(f"{ours}/{part}/kernel", f"{hf}.{key}.weight", "linear"),
+          Rule(f"{ours}/{part}/bias", f"{hf}.{key}.bias")]
+  return r
+
+
+@register_mapping
+class DistilBertMapping(Mapping):
+  model_types = ("distilbert",)
+  architectures = {
+      "DistilBertModel": ("", ()),
+      "DistilBertForMaskedLM": ("distilbert", ("mlm",)),
+  }
+  tied = {"vocab_projector.weight": "embeddings.word_embeddings.weight"}
+  ignorable = ("embeddings.position_ids",)
+
+  def config_from_hf(self, hf, heads):
+    refuse_unknown(hf, tuple(_RENAMED) + _OTHER, _REQUIRED)
+    m = distilbert_family.defaults()
+    for theirs, ours in _RENAMED.items():
+      if theirs in hf:
+        m[ours] = hf[theirs]
+    if m.hidden_size % m.num_attention_heads:
+      raise ValueError(f"dim={m.hidden_size} must be a multiple of n_heads="
+                       f"{m.num_attention_heads}")
+    m.sinusoidal_pos_embds = bool(m.sinusoidal_pos_embds)
+    m.hidden_dropout_prob = hf.get("dropout", 0.1)
+    m.attention_probs_dropout_prob = hf.get("attention_dropout", 0.1)
+    m.initializer_range = hf.get("initializer_range", 0.02)
+    m.variant = ""
+    m.heads = tuple(heads)
+    return m
+
+  def config_to_hf(self, cfg):
+    hf = {theirs: cfg[ours] for theirs, ours in _RENAMED.items()}
+    hf.update(model_type="distilbert", dropout=cfg.hidden_dropout_prob,
+              attention_dropout=cfg.attention_probs_dropout_prob,
+              initializer_range=cfg.initializer_range, tie_word_embeddings=True)
+    if cfg.layer_norm_eps != 1e-12:
+      raise ValueError(f"transformers' DistilBERT fixes LayerNorm eps at 1e-12; this model "
+                       f"has layer_norm_eps={cfg.layer_norm_eps}")
+    if cfg.get("type_vocab_size", 0):
+      raise ValueError("DistilBERT has no token types (type_vocab_size must be 0)")
+    arch = "DistilBertForMaskedLM" if "mlm" in cfg.heads else "DistilBertModel"
+    return hf, arch
+
+  def rules(self, cfg):
+    r = [Rule("embeddings/word_embeddings/embedding", "embeddings.word_embeddings.weight",
+              "embedding", vocab=True)]
+    if cfg.sinusoidal_pos_embds:
+      r.append(Rule("", "embeddings.position_embeddings.weight", "computed",
+                    compute=lambda c: sinusoidal_table(c.max_position_embeddings,
+                                                       c.hidden_size)))
+    else:
+      r.append(Rule("embeddings/position_embeddings/embedding",
+                    "embeddings.position_embeddings.weight", "embedding"))
+    r += [Rule("embeddings/norm/scale", "embeddings.LayerNorm.weight"),
+          Rule("embeddings/norm/bias", "embeddings.LayerNorm.bias"),
+          PerLayer(layer_rules(cfg), layer_indices(cfg.num_hidden_layers))]
+    if "mlm" in cfg.heads:
+      r += [Rule("mlm/transform/kernel", "vocab_transform.weight", "linear", base=False),
+            Rule("mlm/transform/bias", "vocab_transform.bias", base=False),
+            Rule("mlm/norm/scale", "vocab_layer_norm.weight", base=False),
+            Rule("mlm/norm/bias", "vocab_layer_norm.bias", base=False),
+            Rule("mlm/bias", "vocab_projector.bias", base=False, vocab=True)]
+    return r

@@ -1,0 +1,352 @@
+"""Streamed loading of HF safetensors directories, optionally straight onto a mesh.
+
+`load` (what `encoders.from_hf` runs) never holds the checkpoint in host memory:
+
+- `Tensors` reads only the safetensors headers up front; a tensor's bytes are read when
+  a rule needs them, through a memory map of just that tensor that is closed right after
+  (so resident memory stays at about one tensor, not the file).
+- Rules that move one HF tensor to one param of ours ("vector", "embedding", "linear",
+  with or without vocabulary padding) are read per shard: `jax.make_array_from_callback`
+  asks for each of this process's devices' index in our layout, and that index is mapped
+  back to the HF layout (a transpose, and a flattening of head dims that is one
+  contiguous range when the shard cuts whole heads), so each process reads only the
+  slices its devices hold. Other rules (split, concat, a shard that is not one range)
+  read their tensors whole, one rule at a time, and are cut from that.
+- With `mesh`, each param is placed by its logical axes through `rules` (default
+  encoders.sharding_rules.DEFAULT_RULES); `shardings` (a params-shaped tree of
+  shardings, e.g. the trainer's) overrides that per param. Without either, params land
+  on the default device as before.
+
+Every check of the in-memory path is kept: missing, unexpected and mis-shaped tensors,
+tied weights (compared in row blocks), computed tables, the mapping's coverage.
+"""
+import json
+import math
+import os
+from typing import Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
+           "BF16": ml_dtypes.bfloat16, "I64": np.int64, "I32": np.int32, "I16": np.int16,
+           "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+_PLAIN = ("vector", "embedding", "linear")  # kinds read per shard
+_TIE_BLOCK = 4096  # rows compared at a time when checking tied weights
+
+
+def weight_files(path: str):
+  """The safetensors files of an HF directory (single or sharded). Refuses pickle."""
+  single = os.path.join(path, "model.safetensors")
+  index = os.path.join(path, "model.safetensors.index.json")
+  if os.path.isfile(single):
+    return [single]
+  if os.path.isfile(index):
+    with open(index) as f:
+      weight_map = json.load(f)["weight_map"]
+    return [os.path.join(path, name) for name in sorted(set(weight_map.values()))]
+  if any(os.path.isfile(os.path.join(path, n)) for n in ("pytorch_model.bin", "tf_model.h5")):
+    raise ValueError(f"{path} holds only a pickle-based checkpoint (pytorch_model.bin); "
+                     "encoder-zoo never unpickles files. Convert it to safetensors first "
+                     "(e.g. save_pretrained(..., safe_serialization=True) in a trusted "
+                     "environment).")
+  raise ValueError(f"no model.safetensors or model.safetensors.index.json in {path}")
+
+
+class Tensors:
+  """The tensors of an HF directory, by key, read on demand (floats as float32).
+
+  Only headers are read at construction. `tensors[key]` reads a whole tensor;
+  `read(key, index)` only the part `index` (a tuple of slices) selects."""
+
+  def __init__(self, path: str):
+    self.entries = {}  # key -> (file, dtype, shape, byte offset)
+    for name in weight_files(path):
+      with open(name, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+      for key, meta in header.items():
+        if key == "__metadata__":
+          continue
+        if meta["dtype"] not in _DTYPES:
+          raise ValueError(f"{name}: tensor {key!r} has dtype {meta['dtype']}, which "
+                           f"encoder-zoo does not read (supported: {sorted(_DTYPES)})")
+        dtype, shape = np.dtype(_DTYPES[meta["dtype"]]), tuple(meta["shape"])
+        start, end = meta["data_offsets"]
+        if end - start != math.prod(shape) * dtype.itemsize:
+          raise ValueError(f"{name}: tensor {key!r} header is inconsistent (shape {shape}, "
+                           f"{end - start} bytes)")
+        self.entries[key] = (name, dtype, shape, 8 + size + start)
+
+  def strip_prefix(self, prefix: str):
+    """HF files name base-model tensors with or without `prefix.`; drop it (in place)."""
+    if prefix:
+      self.entries = {(k[len(prefix) + 1:] if k.startswith(prefix + ".") else k): v
+                      for k, v in self.entries.items()}
+
+  def shape(self, key: str) -> Tuple[int, ...]:
+    return self.entries[key][2]
+
+  def read(self, key: str, index=None) -> np.ndarray:
+    name, dtype, shape, offset = self.entries[key]
+    out_dtype = np.float32 if dtype.kind == "f" or dtype == ml_dtypes.bfloat16 else dtype
+    if math.prod(shape) == 0:
+      value = np.zeros(shape, out_dtype)
+      return value if index is None else value[index]
+    mm = np.memmap(name, dtype=dtype, mode="r", offset=offset, shape=shape)
+    try:
+      return np.array(mm if index is None else mm[index], dtype=out_dtype)
+    finally:
+      mm._mmap.close()  # unmap now: resident pages must not pile up across tensors
+
+  def __getitem__(self, key):
+    return self.read(key)
+
+  def __contains__(self, key):
+    return key in self.entries
+
+  def __iter__(self):
+    return iter(self.entries)
+
+  def __len__(self):
+    return len(self.entries)
+
+  def keys(self):
+    return self.entries.keys()
+
+
+# ---- one shard of a plain rule ------------------------------------------------------------
+
+def _ranges(index, shape):
+  return [slice(*s.indices(n)[:2]) for s, n in zip(index, shape)]
+
+
+def _flat_range(shape, index) -> Optional[Tuple[int, int]]:
+  """The flat (row-major) range that `index` selects in `shape`, if it is one range."""
+  if not shape:
+    return 0, 1
+  lengths = [s.stop - s.start for s in index]
+  if not all(lengths):
+    return 0, 0
+  k = next((i for i, n in enumerate(lengths) if n != 1), len(shape) - 1)
+  if any(lengths[i] != shape[i] for i in range(k + 1, len(shape))):
+    return None
+  start = int(np.ravel_multi_index([s.start for s in index], shape))
+  return start, start + math.prod(lengths)
+
+
+def _read_rows(tensors, key, rows, rest, vocab_rows):
+  """HF tensor `key`[rows, *rest] with rows past `vocab_rows` (our padding) as zeros."""
+  r0, r1 = rows
+  stop = min(r1, vocab_rows) if vocab_rows is not None else r1
+  value = tensors.read(key, (slice(r0, max(stop, r0)),) + tuple(rest))
+  if stop < r1:
+    pad = np.zeros((r1 - max(stop, r0),) + value.shape[1:], value.dtype)
+    value = np.concatenate([value, pad], axis=0)
+  return value
+
+
+def _shard(rule, tensors, ours, index, cfg) -> Optional[np.ndarray]:
+  """Our `index` of the param of plain `rule` (shape `ours`), read from its HF tensor
+  alone; None when that part is not one block of the HF tensor."""
+  index = _ranges(index, ours)
+  key = rule.hf_keys[0]
+  vocab = cfg.vocab_size if rule.vocab else None
+  lengths = [s.stop - s.start for s in index]
+  if rule.kind == "linear":
+    n_in = rule.n_in if rule.shape is not None else 1
+    cols = _flat_range(ours[:n_in], index[:n_in])
+    rows = _flat_range(ours[n_in:], index[n_in:])
+    if cols is None or rows is None:
+      return None
+    return _read_rows(tensors, key, rows, (slice(*cols),), vocab).T.reshape(lengths)
+  if rule.shape is not None:  # a declared vector: HF's is our shape flattened
+    rows = _flat_range(ours, index)
+    if rows is None:
+      return None
+    return _read_rows(tensors, key, rows, (), vocab).reshape(lengths)
+  if not index:  # a scalar
+    return tensors.read(key)
+  return _read_rows(tensors, key, (index[0].start, index[0].stop), index[1:], vocab)
+
+
+def _check_plain(rule, tensors, shapes, cfg):
+  """The checks `rules.import_rule` makes for a plain rule, without reading data."""
+  from encoders.hf import rules as rules_lib
+  path = rule.our_paths[0]
+  ours = rules_lib._our_shape(rule, path, shapes)
+  want = rules_lib.hf_shape(rule.kind, ours, rule.n_in, rule.shape is not None)
+  if rule.vocab:
+    want = (cfg.vocab_size,) + tuple(want[1:])
+  key = rule.hf_keys[0]
+  if key not in tensors:
+    raise ValueError(f"tensor {key!r} (needed for {path}) is missing")
+  got = tensors.shape(key)
+  if tuple(got) != tuple(want):
+    raise ValueError(f"tensor {key!r} has shape {tuple(got)}, expected {tuple(want)} (for "
+                     f"{path}); encoder-zoo reshapes only where its mapping declares a "
+                     "reshape")
+  return ours
+
+
+def _place(shape, dtype, sharding, read):
+  """A jax.Array of `shape` from `read(index)` (numpy), on `sharding` or the default
+  device."""
+  if sharding is None:
+    return jnp.asarray(read(tuple(slice(None) for _ in shape)), dtype)
+  cache = {}
+
+  def callback(index):
+    k = tuple((s.start, s.stop) for s in _ranges(index, shape))
+    if k not in cache:  # replicated shards ask for the same part
+      cache[k] = np.asarray(read(index), dtype)
+    return cache[k]
+  return jax.make_array_from_callback(tuple(shape), sharding, callback)
+
+
+def _check_tied(tensors, tied, source, path):
+  a, b = tensors.shape(tied), tensors.shape(source)
+  same = a == b
+  for r in range(0, a[0] if (same and a) else 0, _TIE_BLOCK):
+    rows = (slice(r, min(r + _TIE_BLOCK, a[0])),)
+    if not np.array_equal(tensors.read(tied, rows), tensors.read(source, rows)):
+      same = False
+      break
+  if same and not a:
+    same = np.array_equal(tensors.read(tied), tensors.read(source))
+  if not same:
+    raise ValueError(f"{path}: {tied!r} differs from {source!r}; encoder-zoo ties them "
+                     "and does not support untied weights")
+
+
+# ---- the loader ---------------------------------------------------------------------------
+
+def _boxed(model):
+  ids = jnp.zeros((1, 8), jnp.int32)
+  return jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), ids))["params"]
+
+
+def _flat_shardings(tree):
+  """A params-shaped tree of shardings -> {"a/b/kernel": sharding}."""
+  if tree is None:
+    return {}
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {"/".join(str(getattr(k, "key", k)) for k in path): s for path, s in leaves}
+
+
+def _rule_shardings(boxed, mesh, rules):
+  import flax.linen as nn
+  from encoders.hf import _flatten
+  from encoders.sharding_rules import DEFAULT_RULES, rules_tuple
+  specs = nn.get_partition_spec(boxed)
+  return _flatten(nn.logical_to_mesh_sharding(
+      specs, mesh, rules_tuple(DEFAULT_RULES if rules is None else rules)))
+
+
+def config(path: str, heads: Optional[Sequence[str]] = None, **overrides):
+  """The model config of an HF directory (no tensor data is read). -> (cfg, mapping,
+  architecture, hf config dict, Tensors)."""
+  from encoders import hf as hf_lib
+  hf = hf_lib.hf_config(path)
+  mapping = hf_lib._mapping_for(hf.get("model_type"))
+  tensors = Tensors(path)
+  arch = hf_lib._architecture(mapping, hf, tensors)
+  _, arch_heads = mapping.architectures[arch]
+  cfg = mapping.config_from_hf(hf, tuple(heads) if heads is not None else arch_heads)
+  for key, value in overrides.items():
+    cfg[key] = value
+  return cfg, mapping, arch, hf, tensors
+
+
+def load(path: str, heads: Optional[Sequence[str]] = None, *, mesh=None, rules=None,
+         shardings=None, param_dtype=None, **overrides):
+  """-> (model, params): see the module docstring and `encoders.from_hf`."""
+  import encoders
+  import ml_collections
+  from encoders import layers
+  from encoders.hf import _family_hook, _flatten, _set, expand, import_rule
+  cfg, mapping, arch, hf, tensors = config(path, heads, **overrides)
+  tensors.strip_prefix(mapping.base_prefix(hf))
+  model = encoders.build(cfg)
+  final_shardings = _flat_shardings(shardings)
+  if mesh is None and final_shardings:
+    mesh = next(iter(final_shardings.values())).mesh
+  scan = cfg.get("scan_layers", False)
+  flat_model = model
+  if scan:  # rules name layers unscanned; stacked at the end
+    flat_cfg = ml_collections.ConfigDict(cfg.to_dict())
+    flat_cfg.scan_layers = False
+    flat_model = encoders.build(flat_cfg)
+  boxed = _boxed(flat_model)
+  import flax.linen as nn
+  expected = _flatten(nn.unbox(boxed))
+  shapes = {k: tuple(v.shape) for k, v in expected.items()}
+  place_at = {}
+  if mesh is not None:
+    place_at = _rule_shardings(boxed, mesh, rules)
+    if not scan:
+      place_at.update({k: v for k, v in final_shardings.items() if k in place_at})
+  def dtype_of(key):
+    return np.dtype(param_dtype or expected[key].dtype)
+
+  flat, used = {}, set()
+  try:
+    for rule in expand(mapping.rules(cfg), cfg):
+      if rule.kind in _PLAIN and len(rule.our_paths) == 1:
+        key = rule.our_paths[0]
+        ours = _check_plain(rule, tensors, shapes, cfg)
+        whole = {}
+
+        def read(index, rule=rule, ours=ours, whole=whole):
+          part = _shard(rule, tensors, ours, index, cfg)
+          if part is None:  # not one block: convert the whole tensor once, then cut
+            if "v" not in whole:
+              whole["v"] = import_rule(rule, tensors, shapes, cfg)[rule.our_paths[0]]
+            part = whole["v"][tuple(index)]
+          return part
+        flat[key] = _place(ours, dtype_of(key), place_at.get(key), read)
+      else:
+        for key, value in import_rule(rule, tensors, shapes, cfg).items():
+          flat[key] = _place(value.shape, dtype_of(key), place_at.get(key),
+                             lambda index, v=value: v[tuple(index)])
+      used.update(k for k in rule.hf_keys if k in tensors)
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None
+  for tied, source in mapping.tied.items():
+    if tied in tensors:
+      used.add(tied)
+      _check_tied(tensors, tied, source, path)
+  unexpected = sorted(k for k in tensors if k not in used and not mapping.is_ignorable(k))
+  if unexpected:
+    raise ValueError(f"{path}: unexpected tensors not used by {arch} in encoder-zoo: "
+                     f"{', '.join(unexpected[:20])}")
+  missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
+  if missing or extra:
+    raise ValueError(f"{path}: the {hf['model_type']} mapping does not cover the model's "
+                     f"parameters; missing {missing}, extra {extra}")
+  params = {}
+  for key in expected:
+    _set(params, key, flat.pop(key))
+  if scan:
+    stack = _family_hook(cfg, "scan_params", lambda c, p: layers.stack_layer_params(
+        p, c.num_hidden_layers))
+    if mesh is None:
+      params = stack(cfg, params)
+    else:
+      out = _rule_shardings(_boxed(model), mesh, rules)
+      out.update({k: v for k, v in final_shardings.items() if k in out})
+      tree = {}
+      for key, s in out.items():
+        _set(tree, key, s)
+      params = jax.jit(lambda p: stack(cfg, p), out_shardings=tree)(params)
+  return model, params
+
+
+def placed_bytes(params) -> int:
+  """Bytes the params take on all devices together (replicas counted)."""
+  return sum(s.data.nbytes for x in jax.tree.leaves(params) for s in x.addressable_shards)
+
+
+__all__ = ["Tensors", "weight_files", "config", "load", "placed_bytes"]

@@ -1,0 +1,195 @@
+"""Hugging Face task models <-> encoder-zoo task models, for every family that declares
+them (see encoders/tasks.py for what a family declares).
+
+    model, params = encoders.hf.tasks.from_hf(dir)   # ...ForSequenceClassification etc.
+    model.task, model.labels                          # "sequence", ("neg", "pos")
+    encoders.hf.tasks.to_hf(model, params, out_dir)   # loads in transformers, id2label kept
+
+The base model's tensors go through the family's own table (`Mapping.rules`) with the
+encoder heads the task needs (BERT's pooler for sequence classification, nothing else);
+the task head's tensors through `task_head_rules`, built from the family's `TaskHF`.
+Import errors name every missing, unexpected or mis-shaped tensor, as encoders.hf does.
+"""
+import json
+import os
+import shutil
+import tempfile
+from typing import Optional
+
+import jax
+import ml_collections
+import numpy as np
+
+from encoders import base, layers, tasks
+from encoders.hf import (_flatten, _mapping_for, _set, _strip_prefix, expand, export_rule,
+                         hf_config, import_rule, read_safetensors)
+from encoders.hf.rules import Rule
+
+
+def task_hf(mapping, cfg, task: str) -> Optional[tasks.TaskHF]:
+  """The family's TaskHF for `task` (None: transformers has no such model). ValueError
+  when the family's mapping declares no task models at all."""
+  declare = getattr(mapping, "task_hf", None)
+  if declare is None:
+    raise tasks._undeclared(cfg.get("family", "bert"), "no task_hf on its HF Mapping")
+  th = declare(cfg, task)
+  if th is not None and not isinstance(th, tasks.TaskHF):
+    raise ValueError(f"{type(mapping).__name__}.task_hf must return tasks.TaskHF or None")
+  return th
+
+
+def task_head_rules(cfg, task: str, th: tasks.TaskHF):
+  """Rules of our `<task>_head/...` params vs the HF head modules (never under the base
+  model's prefix)."""
+  head = tasks.head_name(task)
+  if th.rules is not None:
+    return list(th.rules)
+  spec = tasks.head_spec(cfg, task)
+  parts = ["out"] + (["dense"] if spec.act is not None else []) + (["norm"] if spec.norm
+                                                                    else [])
+  missing = [p for p in parts if p not in (th.modules or {})]
+  if missing:
+    raise ValueError(f"{th.architecture}: TaskHF.modules names no HF module for head parts "
+                     f"{missing}")
+  rules = []
+  for part in parts:
+    mod = th.modules[part]
+    if part == "norm":
+      rules.append(Rule(f"{head}/norm/scale", f"{mod}.weight", base=False))
+      if spec.norm_bias:
+        rules.append(Rule(f"{head}/norm/bias", f"{mod}.bias", base=False))
+    else:
+      rules += [Rule(f"{head}/{part}/kernel", f"{mod}.weight", "linear", base=False),
+                Rule(f"{head}/{part}/bias", f"{mod}.bias", base=False)]
+  return rules
+
+
+def _find_task(mapping, cfg, arch: str):
+  found = {}
+  for task in tasks.TASKS:
+    th = task_hf(mapping, cfg, task)
+    if th is not None:
+      found[th.architecture] = (task, th)
+  if arch not in found:
+    raise ValueError(f"architecture {arch!r} is not a task model encoder-zoo supports for "
+                     f"{cfg.get('family')!r}; supported: {sorted(found)}")
+  return found[arch]
+
+
+def labels_from_hf(hf: dict):
+  """HF id2label ({"0": "neg", ...}) -> ("neg", ...) in id order."""
+  id2label = hf.get("id2label") or {}
+  ids = sorted(int(k) for k in id2label)
+  if ids != list(range(len(ids))):
+    raise ValueError(f"id2label ids must be 0..N-1, got {ids}")
+  return tuple(str(id2label[str(i)] if str(i) in id2label else id2label[i]) for i in ids)
+
+
+def from_hf(path: str, **overrides):
+  """An HF `...ForSequenceClassification` / `...ForTokenClassification` /
+  `...ForQuestionAnswering` directory -> (TaskModel, params); the labels from id2label."""
+  hf = hf_config(path)
+  mapping = _mapping_for(hf.get("model_type"))
+  archs = hf.get("architectures") or []
+  if not archs:
+    raise ValueError(f"{path}: config.json names no architecture; a task model needs one")
+  cfg = mapping.config_from_hf(hf, ())
+  for key, value in overrides.items():
+    cfg[key] = value
+  task, th = _find_task(mapping, cfg, archs[0])
+  labels = labels_from_hf(hf) if task != "qa" else ()
+  num_labels = len(labels) or int(hf.get("num_labels", 2))
+  model = tasks.build(cfg, task, num_labels=num_labels, labels=labels)
+  tcfg = model.config
+  scan = tcfg.get("scan_layers", False)
+  flat_model = model
+  if scan:  # rules name layers unscanned; stacked below
+    flat_cfg = ml_collections.ConfigDict(tcfg.to_dict())
+    flat_cfg.scan_layers = False
+    flat_model = tasks.build(flat_cfg, task, num_labels=num_labels, labels=labels)
+  expected = _flatten(jax.eval_shape(lambda: tasks.init_params(flat_model,
+                                                               jax.random.PRNGKey(0))))
+  shapes = {k: tuple(v.shape) for k, v in expected.items()}
+  tensors = _strip_prefix(read_safetensors(path), mapping.base_prefix(hf))
+  flat, used = {}, set()
+  try:
+    for rule in expand(list(mapping.rules(tcfg)) + task_head_rules(tcfg, task, th), tcfg):
+      flat.update(import_rule(rule, tensors, shapes, tcfg))
+      used.update(k for k in rule.hf_keys if k in tensors)
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None
+  unexpected = sorted(k for k in tensors if k not in used and not mapping.is_ignorable(k))
+  if unexpected:
+    raise ValueError(f"{path}: unexpected tensors not used by {archs[0]} in encoder-zoo: "
+                     f"{', '.join(unexpected[:20])}")
+  missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
+  if missing or extra:
+    raise ValueError(f"{path}: the {hf['model_type']} task mapping does not cover the "
+                     f"model's parameters; missing {missing}, extra {extra}")
+  params = {}
+  for key, spec in expected.items():
+    _set(params, key, jax.numpy.asarray(flat[key], dtype=spec.dtype))
+  if scan:
+    fam = base.family(tcfg.get("family", "bert"))
+    stack = getattr(fam, "scan_params", None) or (
+        lambda c, p: layers.stack_layer_params(p, c.num_hidden_layers))
+    params = stack(tcfg, params)
+  return model, params
+
+
+def to_hf(model: tasks.TaskModel, params, path: str, labels=None):
+  """Writes `config.json` + `model.safetensors` that transformers' task class loads with
+  no missing or unexpected keys; id2label / label2id from `labels` (default: the
+  model's). Written to a temporary directory and renamed into place."""
+  from safetensors.numpy import save_file
+
+  from encoders.hf import _MAPPINGS
+  cfg = model.config
+  mapping = _MAPPINGS.get(cfg.family) or next(
+      (m for m in _MAPPINGS.values() if cfg.family in m.model_types), None)
+  if mapping is None:
+    raise ValueError(f"no Hugging Face mapping for family {cfg.family!r}")
+  th = task_hf(mapping, cfg, model.task)
+  if th is None:
+    raise ValueError(f"transformers has no {model.task!r} model for family {cfg.family!r}")
+  hf, _ = mapping.config_to_hf(cfg)
+  hf["architectures"] = [th.architecture]
+  labels = tuple(labels if labels is not None else model.labels)
+  if model.task != "qa":
+    if labels and len(labels) != model.num_labels:
+      raise ValueError(f"{len(labels)} labels for a {model.num_labels}-way head")
+    labels = labels or tuple(f"LABEL_{i}" for i in range(model.num_labels))
+    hf["id2label"] = {str(i): name for i, name in enumerate(labels)}
+    hf["label2id"] = {name: i for i, name in enumerate(labels)}
+    if model.num_labels == 1:
+      hf["problem_type"] = "regression"
+  prefix = mapping.base_prefix(hf)
+  if cfg.get("scan_layers", False):
+    fam = base.family(cfg.get("family", "bert"))
+    unstack = getattr(fam, "unscan_params", None) or (
+        lambda c, p: layers.unstack_layer_params(p))
+    params = unstack(cfg, params)
+  flat = {k: np.asarray(jax.device_get(v), np.float32) for k, v in _flatten(params).items()}
+  table = expand(list(mapping.rules(cfg)) + task_head_rules(cfg, model.task, th), cfg)
+  uncovered = sorted(set(flat) - {p for rule in table for p in rule.our_paths})
+  if uncovered:
+    raise ValueError(f"the {cfg.family!r} HF task mapping has no rule for params "
+                     f"{', '.join(uncovered[:20])}; nothing was written")
+  tensors = {}
+  for rule in table:
+    for key, value in export_rule(rule, flat, cfg).items():
+      tensors[f"{prefix}.{key}" if (rule.base and prefix) else key] = value
+  parent = os.path.dirname(os.path.abspath(path))
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".to_hf_", dir=parent)
+  try:
+    save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+      json.dump(hf, f, indent=2, sort_keys=True)
+    if os.path.exists(path):
+      shutil.rmtree(path)
+    os.replace(tmp, path)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return path

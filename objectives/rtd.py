@@ -1,0 +1,474 @@
+"""Replaced-token detection (ELECTRA, Clark et al. 2020) on any registered family, with
+DeBERTaV3's gradient-disentangled embedding sharing (GDES, He et al. 2021).
+
+Two trained collections: "generator" (a smaller encoder of the discriminator's family,
+`generator_config`, with the "mlm" head) and "discriminator" (the model section, with an
+"rtd" head; a family that declares none gets `heads.RtdHead` added, so nothing here is
+specific to one family). One step, all inside the jitted train step:
+
+  mask (objective.mask_rate, on the whole global batch) -> generator MLM on the masked
+  positions -> replacements sampled from softmax(generator logits / temperature), with no
+  gradient through the sampling -> the discriminator reads the corrupted ids and scores
+  every real (non-pad) token: label 1 where the token differs from the original (a
+  sample equal to the original counts as "original") -> loss = MLM + disc_weight * BCE,
+  each normalised by its global count (masked positions; real tokens).
+
+Embedding sharing (`objective.sharing`) covers the embedding tables, i.e. every
+`embeddings/*_embeddings/embedding` leaf both models have (word, position, token type):
+  none   each model has its own;
+  tied   the discriminator has none of its own: it reads the generator's, and both
+         losses update them (ELECTRA);
+  gdes   the discriminator reads stop_gradient(generator's) + its own delta table,
+         initialised at zero: only the generator's MLM loss moves the shared tables, only
+         the discriminator's loss moves the delta (DeBERTaV3). Export folds the delta in.
+Sharing needs tables of equal shape: a family without `embedding_size` (BERT) shares only
+with a generator of the discriminator's width (objective.generator_width=1; DeBERTaV3's
+generator is full width and half depth).
+
+Metrics (sums; held-out means after `losses.finalize_metrics`):
+  mlm_accuracy                 the generator on the masked positions;
+  rtd_accuracy, rtd_loss       the discriminator over its counted (real) tokens;
+  rtd_replaced_accuracy        = recall: the share of replaced tokens flagged;
+  rtd_flagged_accuracy         = precision: the share of flagged tokens truly replaced;
+  rtd_original_accuracy        the share of original tokens left unflagged;
+  rtd_fraction_replaced / _flagged;
+  rtd_all_original_accuracy    the trivial baseline that never flags (its precision and
+                               recall are 0), on exactly the same tokens.
+`held_out_auc` scores the discriminator's ROC AUC on eval batches outside the step.
+"""
+import dataclasses
+import functools
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+import encoders
+from encoders import heads as heads_lib
+from encoders import layers
+from objectives import losses, masking, spec
+from objectives.base import (Objective, model_forward_flops, register_objective,
+                             select_heads)
+
+SHARING = ("none", "tied", "gdes")
+RTD_POSITIONS = ("all", "masked")  # "masked": ELECTRA 15% (the disc loss on masked only)
+
+
+# ---------------------------------------------------------------------------- models
+
+def generator_config(disc_cfg, obj_cfg) -> ml_collections.ConfigDict:
+  """The generator's model section: the discriminator's, with hidden size, intermediate
+  size and attention heads scaled by `generator_width` and the layer count by
+  `generator_depth` (Clark et al. 2020, Table 6: 1/4 for Small and Large, 1/3 for Base),
+  and the "mlm" head only. The embedding width (`embedding_size`, where the family has
+  one) is kept, so the tables can be shared."""
+  width = float(obj_cfg.get("generator_width", 0.25))
+  depth = float(obj_cfg.get("generator_depth", 1.0))
+  for name, v in (("generator_width", width), ("generator_depth", depth)):
+    if not 0 < v <= 1:
+      raise ValueError(f"objective.{name}={v} must be in (0, 1]")
+  g = ml_collections.ConfigDict(disc_cfg.to_dict() if hasattr(disc_cfg, "to_dict")
+                                else dict(disc_cfg))
+  n_heads = max(1, round(g.num_attention_heads * width))
+  hidden = round(g.hidden_size * width)
+  if hidden % n_heads:
+    raise ValueError(f"generator_width={width}: hidden size {hidden} does not split into "
+                     f"{n_heads} attention heads; choose another width")
+  g.hidden_size = hidden
+  g.num_attention_heads = n_heads
+  g.intermediate_size = max(1, round(g.intermediate_size * width))
+  g.num_hidden_layers = max(1, round(g.num_hidden_layers * depth))
+  g.heads = ("mlm",)
+  if g.get("variant"):
+    g.variant = f"{g.variant}-generator"
+  return g
+
+
+def with_rtd_head(model):
+  """`model` (an unbound family encoder) with an "rtd" head: its family's own if it
+  declares one, else `heads.RtdHead` on the last hidden state (params under "rtd")."""
+  cls = type(model)
+
+  class WithRtd(cls):
+    def parts(self):
+      p = super().parts()
+      if "rtd" in p.heads:
+        return p
+      c = self.config
+      act = c.get("hidden_act", "gelu")
+      try:
+        layers.activation(act)
+      except ValueError:  # e.g. a gated MLP's name: the head uses plain GELU
+        act = "gelu"
+      head = functools.partial(heads_lib.RtdHead, c.hidden_size, act, c.initializer_range,
+                               layers.dtype_from_name(c.dtype))
+      return dataclasses.replace(p, heads={**p.heads, "rtd": head})
+
+  WithRtd.__name__ = WithRtd.__qualname__ = cls.__name__
+  return WithRtd(config=model.config)
+
+
+def family_exports_rtd(family: str) -> bool:
+  """Whether the family's HF mapping has a class with the "rtd" head (ELECTRA's
+  ElectraForPreTraining); otherwise the discriminator exports as the family's base model
+  plus `rtd_head.safetensors`."""
+  from encoders import hf as hf_lib
+  mapping = hf_lib._MAPPINGS.get(family)  # the lookup encoders.to_hf does
+  return mapping is not None and any("rtd" in h for _, h in mapping.architectures.values())
+
+
+# ---------------------------------------------------------------------------- param trees
+
+def _flat(tree, prefix=()):
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, prefix + (k,)))
+    else:
+      out[prefix + (k,)] = v
+  return out
+
+
+def _unflat(flat):
+  out = {}
+  for path, v in flat.items():
+    node = out
+    for k in path[:-1]:
+      node = node.setdefault(k, {})
+    node[path[-1]] = v
+  return out
+
+
+def shared_paths(gen_shapes, disc_shapes):
+  """The embedding tables both models have: paths embeddings/<x>_embeddings/embedding."""
+  g, d = _flat(gen_shapes), _flat(disc_shapes)
+  paths = sorted(p for p in d if len(p) == 3 and p[0] == "embeddings"
+                 and p[1].endswith("_embeddings") and p[2] == "embedding")
+  missing = [p for p in paths if p not in g]
+  mismatched = [(p, _shape(g[p]), _shape(d[p])) for p in paths if p in g
+                and _shape(g[p]) != _shape(d[p])]
+  if mismatched or missing or not paths:
+    raise ValueError(
+        "embedding sharing needs the same tables in the generator and the discriminator; "
+        + (f"shapes differ: {['/'.join(p) + f' {a} vs {b}' for p, a, b in mismatched]}"
+           if mismatched else "")
+        + (f"missing in the generator: {['/'.join(p) for p in missing]}" if missing else "")
+        + ("the discriminator has no embedding tables" if not paths else "")
+        + ". Use objective.generator_width=1 for a family whose embedding width is its "
+          "hidden size, or objective.sharing='none'")
+  return paths
+
+
+def _shape(x):
+  return tuple(nn.unbox(x).shape) if isinstance(x, nn.meta.AxisMetadata) else tuple(x.shape)
+
+
+# ---------------------------------------------------------------------------- objective
+
+@register_objective("rtd")
+class ReplacedTokenDetection(Objective):
+  """Generator MLM + disc_weight x discriminator BCE (module docstring)."""
+
+  def __init__(self, config, tokenizer):
+    self.name = "rtd"
+    c = self.cfg = config.objective
+    if config.get("init_from", ""):
+      raise ValueError("init_from is not supported by the rtd objective (it trains a "
+                       "generator and a discriminator from scratch)")
+    self.sharing = str(c.get("sharing", "tied"))
+    if self.sharing not in SHARING:
+      raise ValueError(f"objective.sharing={self.sharing!r}; choose from {SHARING}")
+    self.rtd_positions = str(c.get("rtd_positions", "all"))
+    if self.rtd_positions not in RTD_POSITIONS:
+      raise ValueError(f"objective.rtd_positions={self.rtd_positions!r}; choose from "
+                       f"{RTD_POSITIONS}")
+    self.temperature = float(c.get("temperature", 1.0))
+    if not self.temperature > 0:
+      raise ValueError(f"objective.temperature={self.temperature} must be > 0")
+    self.disc_weight = float(c.get("disc_weight", 50.0))
+    if not self.disc_weight > 0:
+      raise ValueError(f"objective.disc_weight={self.disc_weight} must be > 0")
+    select_heads(config.model, ("rtd",), ("mlm", "nsp", "sop"), "rtd")
+    self.model_config = config.model
+    self.generator_config = generator_config(config.model, c)
+    self.seq_len = int(config.data.seq_len)
+    self.max_predictions = masking.prediction_budget(c.mask_rate, self.seq_len,
+                                                     int(c.max_predictions))
+    self.generator = encoders.build(self.generator_config)
+    self.discriminator = with_rtd_head(encoders.build(config.model))
+    self.modules = {"generator": self.generator, "discriminator": self.discriminator}
+    self.trained, self.frozen = ("generator", "discriminator"), ()
+    self.term_weights = {"mlm": 1.0, "rtd": self.disc_weight}
+    self.tokenizer = tokenizer
+    self.vocab_size = tokenizer.vocab_size
+    self.mask_id = tokenizer.mask_id
+    self.init_from = ""
+    self._host_transform = None
+    self.shared = ()
+    if self.sharing != "none":
+      shapes = jax.eval_shape(self._init_both, jax.random.PRNGKey(0))
+      self.shared = shared_paths(*shapes)
+
+  # -------------------------------------------------------------------- params
+
+  def _init_both(self, rng):
+    kg, kd = jax.random.split(rng)
+    ids = jnp.zeros((1, self.seq_len), jnp.int32)
+    return (self.generator.init(kg, ids)["params"],
+            self.discriminator.init(kd, ids)["params"])
+
+  def init(self, rng):
+    """Boxed params; with sharing, the discriminator's shared tables are absent (tied) or
+    zero deltas (gdes)."""
+    gen, disc = self._init_both(rng)
+    flat = _flat(disc)
+    for p in self.shared:
+      if self.sharing == "tied":
+        del flat[p]
+      else:
+        leaf = flat[p]
+        flat[p] = (leaf.replace_boxed(jnp.zeros_like(leaf.unbox()))
+                   if isinstance(leaf, nn.meta.AxisMetadata) else jnp.zeros_like(leaf))
+    return {"generator": gen, "discriminator": _unflat(flat)}
+
+  def after_init(self, params, shardings):
+    return params
+
+  def model_params(self, params):
+    """(generator params, full discriminator params): the shared tables put in place
+    (gdes: stop_gradient(generator's) + delta)."""
+    gen = params["generator"]
+    if self.sharing == "none":
+      return gen, params["discriminator"]
+    g, flat = _flat(gen), _flat(params["discriminator"])
+    for p in self.shared:
+      if self.sharing == "tied":
+        flat[p] = g[p]
+      else:
+        flat[p] = jax.lax.stop_gradient(g[p]) + flat[p]
+    return gen, _unflat(flat)
+
+  # -------------------------------------------------------------------- the step
+
+  def transform(self, batch, rng):
+    """Masking of the whole (global) batch; the original ids are kept for the labels."""
+    c = self.cfg
+    m = self.max_predictions or None
+    masked = masking.mask_tokens(
+        rng, batch["input_ids"], batch["special_tokens_mask"], vocab_size=self.vocab_size,
+        mask_id=self.mask_id, mask_rate=c.mask_rate, mask_token_prob=c.mask_token_prob,
+        random_token_prob=c.random_token_prob, word_starts=batch.get("word_starts"),
+        whole_word=c.whole_word, max_predictions=m)
+    out = dict(batch, input_ids=masked["input_ids"], original_ids=batch["input_ids"],
+               masked_dense=masked["weights"])
+    if m:
+      out.update(masked_positions=masked["masked_positions"],
+                 mlm_labels=masked["masked_labels"], mlm_weights=masked["masked_weights"])
+    else:
+      out.update(mlm_labels=masked["labels"], mlm_weights=masked["weights"])
+    return out
+
+  def _rtd_weights(self, batch):
+    if self.rtd_positions == "masked":
+      return batch["masked_dense"].astype(jnp.float32)
+    return (batch["segment_ids"] > 0).astype(jnp.float32)
+
+  def normalizers(self, batch):
+    return {"mlm": jnp.sum(batch["mlm_weights"].astype(jnp.float32)),
+            "rtd": jnp.sum(self._rtd_weights(batch))}
+
+  def _apply(self, module, params, ids, batch, train, rng, masked_positions=None):
+    return module.apply(
+        {"params": params}, ids, attention_mask=(batch["segment_ids"] > 0).astype(jnp.int32),
+        token_type_ids=batch["token_type_ids"], segment_ids=batch["segment_ids"],
+        masked_positions=masked_positions, deterministic=not train,
+        rngs={"dropout": rng} if train else None)
+
+  def corrupt(self, rng, mlm_logits, batch):
+    """The discriminator's input: the original ids with every masked position replaced by
+    a sample from softmax(generator logits / temperature) (no gradient)."""
+    original = batch["original_ids"]
+    logits = jax.lax.stop_gradient(mlm_logits).astype(jnp.float32) / self.temperature
+    sampled = jax.random.categorical(rng, logits, axis=-1).astype(original.dtype)
+    chosen = batch["mlm_weights"] > 0
+    if "masked_positions" not in batch:
+      return jnp.where(chosen, sampled, original)
+    pos = batch["masked_positions"].astype(jnp.int32)
+    rows = jnp.arange(original.shape[0])[:, None]
+    # Padding entries of the gathered (B,M) arrays point at position 0 with weight 0:
+    # they add 0 to both maps, so they never change a token.
+    hit = jnp.zeros(original.shape, jnp.int32).at[rows, pos].add(chosen.astype(jnp.int32))
+    new = jnp.zeros_like(original).at[rows, pos].add(jnp.where(chosen, sampled, 0))
+    return jnp.where(hit > 0, new, original)
+
+  def loss(self, params, batch, rng, train):
+    gen_p, disc_p = self.model_params(params)
+    k_gen, k_sample, k_disc = jax.random.split(rng, 3)
+    g = self._apply(self.generator, gen_p, batch["input_ids"], batch, train, k_gen,
+                    batch.get("masked_positions"))
+    _, metrics = losses.mlm_loss_and_metrics(g.mlm_logits, batch["mlm_labels"],
+                                             batch["mlm_weights"])
+    corrupted = self.corrupt(k_sample, g.mlm_logits, batch)
+    d = self._apply(self.discriminator, disc_p, corrupted, batch, train, k_disc)
+    rtd_terms, rtd_metrics = rtd_loss_and_metrics(
+        d.rtd_logits, corrupted != batch["original_ids"], self._rtd_weights(batch))
+    return ({"mlm": metrics["mlm_loss_sum"], "rtd": rtd_terms},
+            {**metrics, **rtd_metrics})
+
+  # -------------------------------------------------------------------- FLOPs
+
+  def module_flops(self, name, seq_len, all_positions=False):
+    if name == "generator":
+      positions = None if (all_positions or not self.max_predictions) else self.max_predictions
+      return model_forward_flops(self.generator_config, seq_len, positions)
+    body = ml_collections.ConfigDict(self.model_config.to_dict())
+    body.heads = ()
+    d = body.hidden_size
+    return model_forward_flops(body, seq_len) + float(2 * seq_len * d * d + 2 * seq_len * d)
+
+  # -------------------------------------------------------------------- batches
+
+  def batch_spec(self):
+    fields = dict(spec.TEXT_FIELDS)
+    if self.cfg.whole_word:
+      fields["word_starts"] = spec.WORD_STARTS
+    tok = self.tokenizer
+    return spec.BatchSpec(fields, lambda layout, width, rng: spec.text_rows(
+        layout, width, tok, rng))
+
+  def check_batch(self, batch):
+    self.batch_spec().check(batch)
+    encoders.validate_inputs(self.model_config, batch["input_ids"], None,
+                             batch["token_type_ids"], batch["segment_ids"])
+
+  def baselines(self, train_batches, eval_items):
+    """The generator's: the most frequent training token at the eval's masked positions.
+    The discriminator's trivial baseline (never flag: precision 0, recall 0) is scored in
+    the eval itself as rtd_all_original_accuracy, since the replaced tokens depend on the
+    generator at that step."""
+    if self._host_transform is None:
+      self._host_transform = jax.jit(self.transform)
+    counts = np.zeros(self.vocab_size, np.int64)
+    for b in train_batches:
+      ids = np.asarray(b["input_ids"])[~np.asarray(b["special_tokens_mask"], bool)]
+      counts += np.bincount(ids, minlength=counts.size)[:counts.size]
+    top = int(counts.argmax())
+    hits = total = 0
+    for b, key in eval_items:
+      m = jax.device_get(self._host_transform(b, key))
+      w = np.asarray(m["mlm_weights"]) > 0
+      hits += int((np.asarray(m["mlm_labels"])[w] == top).sum())
+      total += int(w.sum())
+    return {"mlm_majority_token": top, "mlm_majority_accuracy": hits / max(total, 1),
+            "mlm_count": total, "rtd_all_original": "never flags: precision 0, recall 0, "
+            "accuracy = eval rtd_all_original_accuracy"}
+
+  # -------------------------------------------------------------------- outside the step
+
+  def forward(self, params, batch):
+    """The discriminator on the batch as given (every real token scored)."""
+    _, disc_p = self.model_params(params)
+    return self._apply(self.discriminator, disc_p, batch["input_ids"], batch, False, None)
+
+  def export(self, params, path, tokenizer=None):
+    """The discriminator to `path` (ELECTRA: ElectraForPreTraining; another family: its
+    base model, plus the RTD head in rtd_head.safetensors), the generator (its family's
+    MLM class, ElectraForMaskedLM for ELECTRA) to `path`/generator."""
+    gen_p, disc_p = self.model_params(params)
+    family = self.model_config.get("family", "bert")
+    if family_exports_rtd(family):
+      encoders.to_hf(self.discriminator, disc_p, path)
+    else:
+      body = ml_collections.ConfigDict(self.model_config.to_dict())
+      body.heads = ()
+      rest = {k: v for k, v in disc_p.items() if k != "rtd"}
+      encoders.to_hf(encoders.build(body), rest, path)
+      from safetensors.numpy import save_file
+      head = {"/".join(k): np.asarray(jax.device_get(v), np.float32)
+              for k, v in _flat(disc_p["rtd"]).items()}
+      save_file(head, os.path.join(path, "rtd_head.safetensors"))
+    encoders.to_hf(self.generator, gen_p, os.path.join(path, "generator"))
+    if tokenizer is not None and hasattr(tokenizer, "save"):
+      tokenizer.save(path)
+      tokenizer.save(os.path.join(path, "generator"))
+    return path
+
+  def describe(self):
+    g = self.generator_config
+    return {"name": self.name, "sharing": self.sharing, "disc_weight": self.disc_weight,
+            "temperature": self.temperature, "rtd_positions": self.rtd_positions,
+            "max_predictions": self.max_predictions, "mask_rate": float(self.cfg.mask_rate),
+            "generator": {"hidden_size": g.hidden_size, "num_hidden_layers": g.num_hidden_layers,
+                          "num_attention_heads": g.num_attention_heads,
+                          "intermediate_size": g.intermediate_size},
+            "shared": ["/".join(p) for p in self.shared]}
+
+
+def rtd_loss_and_metrics(logits, replaced, weights):
+  """Binary cross-entropy of (B,T) logits against `replaced` (B,T) bool over the tokens
+  with weight > 0. -> (loss sum, metric sums; see the module docstring)."""
+  logits = logits.astype(jnp.float32)
+  counted = weights > 0
+  w = jnp.where(counted, weights, 0.0)
+  label = replaced & counted
+  bce = optax.sigmoid_binary_cross_entropy(logits, label.astype(jnp.float32))
+  loss_sum = jnp.sum(jnp.where(counted, bce * w, 0.0))
+  flagged = (logits > 0) & counted
+  f = lambda x: jnp.sum(x.astype(jnp.float32))
+  tp = f(flagged & label)
+  metrics = {
+      "rtd_loss_sum": loss_sum, "rtd_weight_sum": f(counted),
+      "rtd_correct_sum": f((flagged == label) & counted),
+      "rtd_fraction_replaced_sum": f(label), "rtd_fraction_flagged_sum": f(flagged),
+      "rtd_all_original_accuracy_sum": f(counted & ~label),
+      "rtd_replaced_weight_sum": f(label), "rtd_replaced_correct_sum": tp,
+      "rtd_flagged_weight_sum": f(flagged), "rtd_flagged_correct_sum": tp,
+      "rtd_original_weight_sum": f(counted & ~label),
+      "rtd_original_correct_sum": f(counted & ~label & ~flagged),
+  }
+  return loss_sum, metrics
+
+
+def roc_auc(scores, labels) -> float:
+  """ROC AUC of `scores` for binary `labels` (ties counted half); nan without both
+  classes."""
+  scores, labels = np.asarray(scores, np.float64), np.asarray(labels, bool)
+  n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+  if not n_pos or not n_neg:
+    return float("nan")
+  order = np.argsort(scores, kind="mergesort")
+  ranks = np.empty(len(scores), np.float64)
+  s = scores[order]
+  # average ranks over ties
+  _, first, counts = np.unique(s, return_index=True, return_counts=True)
+  avg = first + (counts - 1) / 2.0 + 1
+  ranks[order] = np.repeat(avg, counts)
+  return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def held_out_auc(objective, params, eval_items) -> dict:
+  """The discriminator's ROC AUC on the real tokens of `eval_items` ((batch, key) pairs,
+  transformed and corrupted exactly as the eval step does)."""
+  @jax.jit
+  def scores(params, batch, key):
+    batch = objective.transform(batch, key)
+    gen_p, disc_p = objective.model_params(params)
+    _, k_sample, _ = jax.random.split(key, 3)
+    g = objective._apply(objective.generator, gen_p, batch["input_ids"], batch, False, None,
+                         batch.get("masked_positions"))
+    corrupted = objective.corrupt(k_sample, g.mlm_logits, batch)
+    d = objective._apply(objective.discriminator, disc_p, corrupted, batch, False, None)
+    return d.rtd_logits, corrupted != batch["original_ids"], objective._rtd_weights(batch)
+  all_s, all_l = [], []
+  for b, key in eval_items:
+    s, lab, w = jax.device_get(scores(params, b, key))
+    keep = np.asarray(w) > 0
+    all_s.append(np.asarray(s, np.float32)[keep])
+    all_l.append(np.asarray(lab)[keep])
+  s, lab = np.concatenate(all_s), np.concatenate(all_l)
+  return {"rtd_auc": roc_auc(s, lab), "rtd_auc_count": int(lab.size),
+          "rtd_auc_replaced": int(lab.sum())}

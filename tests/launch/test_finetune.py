@@ -1,0 +1,148 @@
+"""launch.finetune end to end on a tiny random BERT: it learns a synthetic task, keeps
+the best epoch, writes predictions / an HF export transformers loads with id2label / a
+confusion matrix; the readers, QA windowing and the metrics against scikit-learn/scipy."""
+import json
+import os
+
+import numpy as np
+import pytest
+import transformers as T
+
+from configs import finetune as finetune_configs
+from launch import finetune
+from launch.data import finetune_data as fd
+from objectives import task_metrics as tm
+from tests.launch import finetune_helpers as fh
+
+
+def _config(task, d, **finetune_overrides):
+  c = finetune_configs.get_config(task).unlock()
+  c.init_from = fh.tiny_bert_dir(os.path.join(d, "bert"))
+  c.data.seq_len, c.data.global_batch = 24, 16
+  c.optimizer.learning_rate = 3e-3
+  for k, v in finetune_overrides.items():
+    c.finetune[k] = v
+  return c
+
+
+def test_sequence_classification_learns_and_exports(tmp_path):
+  train = fh.write_jsonl(tmp_path / "train.jsonl", fh.sentiment_rows(192, seed=1))
+  c = _config("sequence", str(tmp_path), train_file=str(train), epochs=8)
+  r = finetune.run(c, str(tmp_path / "run"))
+  best = r["best"]
+  assert best["metrics"]["accuracy"] >= 0.9, r["history"]
+  assert r["history"][0]["accuracy"] < best["metrics"]["accuracy"]  # it learned
+  run = tmp_path / "run"
+  for name in ("predictions.jsonl", "confusion_matrix.png", "results.json", "metrics.jsonl"):
+    assert (run / name).is_file(), name
+  preds = [json.loads(x) for x in open(run / "predictions.jsonl")]
+  assert len(preds) == round(192 * 0.2)
+  acc = np.mean([p["label"] == p["prediction"] for p in preds])
+  assert acc == pytest.approx(best["metrics"]["accuracy"])
+  hf, info = T.AutoModelForSequenceClassification.from_pretrained(str(run / "hf"),
+                                                                  output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"]
+  assert hf.config.id2label == {0: "neg", 1: "pos"}
+  clf = T.pipeline("text-classification", model=str(run / "hf"), device="cpu")
+  assert clf("the movie was really awful")[0]["label"] == "neg"
+  assert clf("the movie was really great")[0]["label"] == "pos"
+
+
+@pytest.mark.slow
+def test_token_classification_learns_entities(tmp_path):
+  train = fh.write_conll(tmp_path / "train.conll", fh.ner_sentences(160, seed=2))
+  c = _config("token", str(tmp_path), train_file=str(train), epochs=6)
+  r = finetune.run(c, str(tmp_path / "run"))
+  assert r["best"]["metrics"]["entity_f1"] >= 0.9, r["history"]
+  hf = T.AutoModelForTokenClassification.from_pretrained(str(tmp_path / "run" / "hf"))
+  assert set(hf.config.id2label.values()) == {"B-LOC", "B-PER", "O"}
+
+
+@pytest.mark.slow
+def test_qa_learns_spans(tmp_path):
+  train = fh.squad_file(tmp_path / "train.json", 160, seed=3)
+  c = _config("qa", str(tmp_path), train_file=str(train), epochs=8, stride=4)
+  r = finetune.run(c, str(tmp_path / "run"))
+  assert r["best"]["metrics"]["exact_match"] >= 0.8, r["history"]
+
+
+def test_qa_windows_cover_long_contexts_with_stride(tmp_path):
+  tok = fd.load_tokenizer(fh.tiny_bert_dir(str(tmp_path / "bert")))
+  ctx = " ".join(["the movie was good ."] * 6) + " john visited paris ."
+  ex = {"id": "0", "question": "where did john go ?", "context": ctx,
+        "answers": [{"text": "paris", "answer_start": ctx.index("paris")}]}
+  arrays, meta = fd.encode_qa(tok, [ex], seq_len=16, pad_id=0, stride=4)
+  assert len(meta) > 3  # several windows
+  hits = [i for i in range(len(meta)) if arrays["start_positions"][i] > 0]
+  assert hits and all(arrays["start_positions"][i] == 0 for i in range(len(meta))
+                      if i not in hits)
+  i = hits[0]
+  a, b = meta[i]["offsets"][arrays["start_positions"][i]]
+  assert ctx[a:b] == "paris"
+  # n-best span search recovers it from one-hot logits, and respects max length
+  s = np.full(16, -5.0)
+  e = np.full(16, -5.0)
+  s[arrays["start_positions"][i]] = e[arrays["end_positions"][i]] = 5.0
+  spans, null = fd.best_spans(s, e, meta[i], ctx, n_best=5, max_answer_length=3)
+  assert spans[0]["text"] == "paris" and spans[0]["score"] == 10.0 and null == -10.0
+  with pytest.raises(ValueError, match="stride"):
+    fd.encode_qa(tok, [ex], seq_len=16, pad_id=0, stride=8)
+
+
+def test_token_labels_go_on_the_first_sub_token_only(tmp_path):
+  tok = fd.load_tokenizer(fh.tiny_bert_dir(str(tmp_path / "bert")))
+  arrays, firsts = fd.encode_tokens(tok, [(["movies", "paris"], ["O", "B-LOC"])], 8, 0,
+                                    ("B-LOC", "O"))
+  # [CLS] movie ##s paris [SEP]: "movies" is two pieces, only the first labelled
+  assert firsts == [[1, 3]]
+  np.testing.assert_array_equal(arrays["labels"][0, :5], [-100, 1, -100, 0, -100])
+
+
+def test_readers_and_seeded_holdout(tmp_path):
+  (tmp_path / "t.tsv").write_text("sentence\tother\tlabel\nhello there\tx\t1\nbye\ty\t0\n")
+  rows = fd.read_table(str(tmp_path / "t.tsv"), "sentence", "other", "label")
+  assert rows == [{"text": "hello there", "label": "1", "pair": "x"},
+                  {"text": "bye", "label": "0", "pair": "y"}]
+  with pytest.raises(ValueError, match="no column 'txt'"):
+    fd.read_table(str(tmp_path / "t.tsv"), "txt")
+  (tmp_path / "c.conll").write_text("-DOCSTART- O\n\nJohn B-PER\nran O\n\nParis B-LOC\n")
+  assert fd.read_conll(str(tmp_path / "c.conll")) == [(["John", "ran"], ["B-PER", "O"]),
+                                                      (["Paris"], ["B-LOC"])]
+  a = fd.holdout(100, 0.2, seed=3)
+  b = fd.holdout(100, 0.2, seed=3)
+  assert len(a[1]) == 20 and not set(a[0]) & set(a[1])
+  np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_classification_and_regression_metrics_match_sklearn_and_scipy():
+  from scipy import stats
+  from sklearn import metrics as skm
+  rng = np.random.default_rng(0)
+  y, p = rng.integers(0, 4, 200), rng.integers(0, 4, 200)
+  p[:3] = 4  # a class only predicted
+  got = tm.classification(y, p, 5)
+  assert got["accuracy"] == pytest.approx(skm.accuracy_score(y, p))
+  assert got["macro_f1"] == pytest.approx(skm.f1_score(y, p, average="macro"))
+  a, b = rng.normal(size=50), rng.normal(size=50)
+  b[:10] = b[0]  # ties
+  r = tm.regression(a, b)
+  assert r["pearson"] == pytest.approx(stats.pearsonr(a, b)[0])
+  assert r["spearman"] == pytest.approx(stats.spearmanr(a, b)[0])
+
+
+def test_entity_f1_follows_conlleval_chunks():
+  gold = [["B-PER", "I-PER", "O", "B-LOC"], ["I-ORG", "I-ORG", "O", "B-MISC"]]
+  pred = [["B-PER", "I-PER", "O", "B-PER"], ["B-ORG", "I-ORG", "O", "O"]]
+  assert tm.entities(gold[1]) == [("ORG", 0, 1), ("MISC", 3, 3)]
+  assert tm.entities(["B-PER", "I-LOC", "I-LOC"]) == [("PER", 0, 0), ("LOC", 1, 2)]
+  m = tm.entity_f1(gold, pred)  # 2 of 3 predicted right, 2 of 4 gold found
+  assert m["entity_precision"] == pytest.approx(2 / 3)
+  assert m["entity_recall"] == pytest.approx(0.5)
+  assert m["entity_f1"] == pytest.approx(2 * (2 / 3) * 0.5 / (2 / 3 + 0.5))
+
+
+def test_squad_em_and_f1():
+  m = tm.squad([["The Eiffel Tower"], ["Paris", "paris, France"], []],
+               ["eiffel tower", "France", ""])
+  assert m["exact_match"] == pytest.approx(2 / 3)  # articles/case ignored; no-answer right
+  assert m["f1"] == pytest.approx((1 + 2 / 3 + 1) / 3)
