@@ -228,6 +228,8 @@ def run(config, workdir: str, devices=None):
     flat = {k: v for k, v in metrics.items() if isinstance(v, float)}
     writer.write(int(state.step), "eval", dict(flat, epoch=epoch + 1))
     history.append(dict(flat, epoch=epoch + 1))
+    log.info("epoch %d/%d eval: %s", epoch + 1, int(f.epochs),
+             "  ".join(f"{k} {v:.4f}" for k, v in sorted(flat.items())))
     manager.save(int(state.step), state, {"epoch": epoch + 1})
     if best is None or flat[select] > best["metrics"][select]:
       best = {"epoch": epoch + 1, "metrics": metrics, "selection_metric": select}

@@ -7,6 +7,7 @@ import pytest
 import transformers as T
 
 from encoders import pipelines
+from tests.encoders import test_task_heads as TH
 from tests.launch import finetune_helpers as fh
 
 TEXTS = ["the movie was really good", "john visited paris with mary .",
@@ -109,6 +110,29 @@ def test_answer_matches_transformers_scoring(tmp_path, max_len, stride):
   assert [(o["answer"], o["start"], o["end"]) for o in ours] == \
       [(t[3], t[1], t[2]) for t in theirs]
   np.testing.assert_allclose([o["score"] for o in ours], [t[0] for t in theirs], atol=ATOL)
+
+
+@pytest.mark.parametrize("model_type", TH.MODEL_TYPES)
+def test_classify_and_tag_match_transformers_for_every_family(tmp_path, model_type):
+  """Every mapped HF model type (tests/encoders/test_task_heads.py's tiny task models,
+  with this file's WordPiece tokenizer), against transformers' pipelines."""
+  for task, name, fn in (("sequence", "text-classification", pipelines.classify),
+                         ("token", "token-classification", pipelines.tag)):
+    path = str(tmp_path / task)
+    TH.tiny_task_model(model_type, task, seed=5, vocab_size=len(fh.VOCAB)).save_pretrained(
+        path)
+    fh.write_tokenizer(path)
+    ours = fn(pipelines.load(path), TEXTS)
+    theirs = _hf(name, path)(TEXTS)
+    if task == "sequence":
+      ours, theirs = [[o] for o in ours], [[t] for t in theirs]
+    else:
+      assert sum(len(t) for t in theirs) > 0
+    for o, t in zip(ours, theirs):
+      assert [{k: v for k, v in x.items() if k != "score"} for x in o] == \
+          [{k: v for k, v in x.items() if k != "score"} for x in t], (model_type, task)
+      np.testing.assert_allclose([x["score"] for x in o], [float(x["score"]) for x in t],
+                                 atol=ATOL, err_msg=f"{model_type} {task}")
 
 
 def test_embed_and_search_match_mean_pooling_and_buckets_reuse_programs(tmp_path):

@@ -10,21 +10,30 @@ WORDS = ["good", "great", "fine", "bad", "awful", "poor", "the", "movie", "was",
          "visited", "met", "in", "with", "who", "where", "did", "go", "?", "."]
 
 
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + ["##s"]
+
+
+def write_tokenizer(path, model_max_length=64):
+  """A lower-casing WordPiece tokenizer over VOCAB (tokenizer.json, vocab.txt, config)."""
+  from tokenizers import BertWordPieceTokenizer
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, "vocab.txt"), "w") as f:
+    f.write("\n".join(VOCAB) + "\n")
+  tok = BertWordPieceTokenizer(os.path.join(path, "vocab.txt"), lowercase=True)
+  tok.save(os.path.join(path, "tokenizer.json"))
+  with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+    json.dump({"do_lower_case": True, "tokenizer_class": "BertTokenizer",
+               "model_max_length": model_max_length}, f)
+  return path
+
+
 def tiny_bert_dir(path, seed=0, max_position_embeddings=64, arch="BertModel", **config):
   """A random tiny BERT (`arch`, e.g. BertForSequenceClassification; `config` adds
   BertConfig fields such as id2label) + tokenizer.json (+ vocab.txt) in `path`."""
   import torch
   import transformers as T
-  from tokenizers import BertWordPieceTokenizer
-  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + [f"##{c}" for c in "s"]
-  os.makedirs(path, exist_ok=True)
-  with open(os.path.join(path, "vocab.txt"), "w") as f:
-    f.write("\n".join(vocab) + "\n")
-  tok = BertWordPieceTokenizer(os.path.join(path, "vocab.txt"), lowercase=True)
-  tok.save(os.path.join(path, "tokenizer.json"))
-  with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-    json.dump({"do_lower_case": True, "tokenizer_class": "BertTokenizer",
-               "model_max_length": max_position_embeddings}, f)
+  vocab = VOCAB
+  write_tokenizer(path, max_position_embeddings)
   torch.manual_seed(seed)
   cfg = T.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
                      num_attention_heads=4, intermediate_size=64,
