@@ -51,7 +51,7 @@ def _serve_in_fresh_process(tmp_path, artifact, inputs):
   env["JAX_PLATFORMS"] = "cpu"
   run = subprocess.run([sys.executable, str(script), str(artifact),
                         str(tmp_path / "inputs.npz"), str(tmp_path / "out.npz")],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
   assert run.returncode == 0, run.stderr[-3000:]
   return np.load(tmp_path / "out.npz"), run.stdout.split()
 
