@@ -12,7 +12,7 @@ import functools
 import flax.linen as nn
 import ml_collections
 
-from encoders import base, bert, heads, layers, model
+from encoders import base, bert, heads, layers, model, tasks
 
 # layers, hidden, heads
 VARIANTS = {
@@ -36,6 +36,8 @@ def defaults(variant: str = "base") -> ml_collections.ConfigDict:
   m.type_vocab_size = 0  # DistilBERT has no token types
   m.sinusoidal_pos_embds = False  # True: fixed sin/cos table, not a parameter
   m.heads = ("mlm",)  # subset of: mlm (DistilBERT has no pooler and no pair head)
+  m.seq_classif_dropout = 0.2  # task heads (encoders/tasks.py): sequence classifier
+  m.qa_dropout = 0.1  # and extractive QA dropout, HF's names
   del m["position_style"]
   return m
 
@@ -80,6 +82,16 @@ class DistilBert(model.Encoder):
   per packed segment), DistilBERT's layers, BERT's MLM head."""
   defaults = staticmethod(defaults)
   forward_flops = staticmethod(forward_flops)
+
+  @staticmethod
+  def task_heads(cfg) -> tasks.TaskHeads:
+    """transformers' DistilBERT heads: sequence = dense + ReLU on the first token, then
+    the classifier (dropout seq_classif_dropout); tokens: one linear layer (dropout
+    `dropout`); QA: one linear layer (dropout qa_dropout)."""
+    return tasks.TaskHeads(
+        sequence=tasks.Head(pooling="cls", act="relu",
+                            dropout=cfg.get("seq_classif_dropout", 0.2)),
+        token=tasks.Head(), qa=tasks.Head(dropout=cfg.get("qa_dropout", 0.1)))
 
   def parts(self) -> model.Parts:
     c = self.config

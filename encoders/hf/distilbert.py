@@ -8,6 +8,7 @@ import (an error if it differs) and written on export.
 import numpy as np
 
 from encoders import distilbert as distilbert_family
+from encoders import tasks
 from encoders.hf import (Mapping, PerLayer, Rule, layer_indices, refuse_unknown,
                          register_mapping)
 
@@ -15,9 +16,11 @@ from encoders.hf import (Mapping, PerLayer, Rule, layer_indices, refuse_unknown,
 _RENAMED = {"vocab_size": "vocab_size", "dim": "hidden_size", "n_layers": "num_hidden_layers",
             "n_heads": "num_attention_heads", "hidden_dim": "intermediate_size",
             "activation": "hidden_act", "max_position_embeddings": "max_position_embeddings",
-            "pad_token_id": "pad_token_id", "sinusoidal_pos_embds": "sinusoidal_pos_embds"}
-# Read for the dropout rates / init, or task heads' settings we do not model.
-_OTHER = ("dropout", "attention_dropout", "qa_dropout", "seq_classif_dropout")
+            "pad_token_id": "pad_token_id", "sinusoidal_pos_embds": "sinusoidal_pos_embds",
+            "seq_classif_dropout": "seq_classif_dropout", "qa_dropout": "qa_dropout"}
+# Read for the dropout rates; `intermediate_size` is not a DistilBertConfig field (its
+# width is `hidden_dim`): transformers stores and ignores it, and so do we.
+_OTHER = ("dropout", "attention_dropout", "intermediate_size")
 _REQUIRED = {"is_decoder": False, "add_cross_attention": False, "tie_word_embeddings": True}
 
 
@@ -113,3 +116,11 @@ class DistilBertMapping(Mapping):
             Rule("mlm/norm/bias", "vocab_layer_norm.bias", base=False),
             Rule("mlm/bias", "vocab_projector.bias", base=False, vocab=True)]
     return r
+
+  def task_hf(self, cfg, task):
+    """DistilBertFor{SequenceClassification, TokenClassification, QuestionAnswering}:
+    the sequence head is pre_classifier (dense, ReLU) + classifier."""
+    return {"sequence": tasks.TaskHF("DistilBertForSequenceClassification",
+                                     {"dense": "pre_classifier", "out": "classifier"}),
+            "token": tasks.TaskHF("DistilBertForTokenClassification", {"out": "classifier"}),
+            "qa": tasks.TaskHF("DistilBertForQuestionAnswering", {"out": "qa_outputs"})}[task]

@@ -112,4 +112,4 @@ def test_a_student_with_another_vocabulary_is_refused(bad):
   c = _small_distill()
   c.model.vocab_size = 301
   with pytest.raises(ValueError, match="differs from the student's"):
-    train.build(c, synthetic.SyntheticTokenizer.for_model(c.model), jax.devices()[:1])
+    train.build(c, synthetic.SyntheticTokenizer.for_model(c.model), jax.devices()[:8])
