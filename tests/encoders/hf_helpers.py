@@ -47,7 +47,7 @@ def padded_batch(cfg, batch=3, length=11, seed=0):
   for i, n in enumerate(lengths):
     mask[i, n:] = 0
   ids[mask == 0] = cfg.pad_token_id
-  if cfg.type_vocab_size > 1:
+  if getattr(cfg, "type_vocab_size", 0) > 1:
     types = (np.arange(length)[None] >= np.array(lengths)[:, None] // 2).astype(np.int64)
     types = types * mask
   else:
