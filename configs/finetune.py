@@ -49,6 +49,9 @@ def get_config(arg="sequence"):
   f.version_2 = False  # qa: allow "no answer" (SQuAD v2)
   f.null_threshold = 0.0  # qa v2: answer "" when null score - best span score > this
   f.max_train_rows = -1  # -1: all
+  # True: the architecture and tokenizer of init_from, its weights NOT loaded (a
+  # from-scratch baseline for "what pretraining buys")
+  f.random_init = False
   c.data.seq_len = 128
   c.data.global_batch = 32
   c.optimizer.learning_rate = 5e-5

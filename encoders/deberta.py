@@ -8,7 +8,8 @@ transformers' `DebertaV2*` behaviour.
   all layers (top-level `rel_embeddings`, LayerNorm-ed when `norm_rel_ebd="layer_norm"`),
   projected by each layer's own key/query (`share_att_key`, v3) or by separate
   `pos_key`/`pos_query` projections (v2). `relative_impl` picks the formulation of the
-  relative terms: "shift" (fast, default) or "gather" (transformers' reference math).
+  relative terms: "shift" (fast, default; `relative_block` rows at a time) or "gather"
+  (transformers' reference math).
 - Embeddings: word (+ absolute positions when `position_biased_input`, v2) (+ token types
   when `type_vocab_size` > 0), projected E -> D without bias when they differ, then
   LayerNorm over D.
@@ -68,6 +69,9 @@ def defaults(variant: str = "base") -> ml_collections.ConfigDict:
   m.legacy = True  # MLM head names: cls.predictions (True) | lm_predictions.lm_head
   m.pooler_hidden_act = "gelu"
   m.relative_impl = "shift"  # shift | gather (the reference)
+  # shift: rows in blocks of this many (when it divides T) multiply only the T + C - 1
+  # relative rows they use instead of 2T - 1 (0: no blocks)
+  m.relative_block = 128
   m.heads = ("mlm",)  # subset of: pooler, mlm
   del m["position_style"]
   return m
@@ -215,7 +219,8 @@ class Deberta(model.Encoder):
         dtype=dtype, pos_att_type=tuple(c.pos_att_type), share_att_key=c.share_att_key,
         relative_attention=c.relative_attention, span=span(c),
         position_buckets=c.position_buckets, max_relative_positions=max_relative(c),
-        pos_dropout_rate=c.hidden_dropout_prob, rel_impl=c.relative_impl)
+        pos_dropout_rate=c.hidden_dropout_prob, rel_impl=c.relative_impl,
+        rel_block=c.relative_block)
     mlp = functools.partial(layers.Mlp, c.intermediate_size, c.hidden_size, c.hidden_act,
                             init_std=std, dtype=dtype)
     norm = functools.partial(layers.LayerNorm, c.layer_norm_eps, dtype=dtype)

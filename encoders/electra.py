@@ -16,7 +16,7 @@ import functools
 
 import ml_collections
 
-from encoders import base, bert, heads, layers, model
+from encoders import base, bert, heads, layers, model, tasks
 
 # Clark et al. 2020, Table 6: layers, hidden, heads, embedding size (discriminators; the
 # generators are these scaled by objective.generator_width, see configs/electra.py).
@@ -66,6 +66,13 @@ class Electra(model.Encoder):
   """BERT's layers with factorized (E != H) embeddings, ELECTRA's MLM and RTD heads."""
   defaults = staticmethod(defaults)
   forward_flops = staticmethod(forward_flops)
+
+  @staticmethod
+  def task_heads(cfg) -> tasks.TaskHeads:
+    """transformers' ELECTRA heads: sequence = dense + GELU on the first token (no
+    pooler); tokens and QA: one linear layer on each hidden state."""
+    return tasks.TaskHeads(sequence=tasks.Head(pooling="cls", act="gelu"),
+                           token=tasks.Head(), qa=tasks.Head(dropout=0.0))
 
   def parts(self) -> model.Parts:
     c = self.config

@@ -23,12 +23,10 @@ import time
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 import objectives
-from encoders.hf import tasks as tasks_hf
 from launch.data import finetune_data as fd
 from objectives import finetune as ft_objective  # noqa: F401  (registers "finetune")
 from objectives import losses
@@ -61,11 +59,11 @@ def load_data(config, tok):
     else:
       read = lambda p: fd.read_table(p, f.text_column, f.text_pair_column, f.label_column)
       train, evals = read(f.train_file), (read(f.eval_file) if f.eval_file else None)
-    labels = () if f.regression else fd.label_names([r["label"] for r in train], f.labels)
+    labels = ()
   elif f.task == "token":
     train = fd.read_conll(f.train_file)
     evals = fd.read_conll(f.eval_file) if f.eval_file else None
-    labels = fd.label_names([t for _, tags in train for t in tags], f.labels)
+    labels = ()
   elif f.task == "qa":
     train = fd.read_squad(f.train_file)
     evals = fd.read_squad(f.eval_file) if f.eval_file else None
@@ -77,6 +75,11 @@ def load_data(config, tok):
     train, evals = [train[i] for i in tr], [train[i] for i in ev]
   if int(f.max_train_rows) > 0:
     train = train[:int(f.max_train_rows)]
+  # The label vocabulary: given, else every label of the train and eval rows, sorted.
+  if f.task == "sequence" and not f.regression:
+    labels = fd.label_names([r["label"] for r in train + evals], f.labels)
+  elif f.task == "token":
+    labels = fd.label_names([t for _, tags in train + evals for t in tags], f.labels)
   if f.task == "sequence":
     enc = lambda rows: fd.encode_sequence(tok, rows, seq_len, pad, labels, f.regression)
     return enc(train), enc(evals), {"rows": evals}, labels

@@ -66,6 +66,11 @@ def teacher_config_from_dir(path: str, run_model) -> ml_collections.ConfigDict:
   from encoders import hf as hf_lib
   hf = hf_lib.hf_config(path)
   mapping = hf_lib._mapping_for(hf.get("model_type"))  # noqa: SLF001 - the one lookup
+  archs = [a for a in hf.get("architectures") or [] if a in mapping.architectures]
+  if archs and "mlm" not in mapping.architectures[archs[0]][1]:
+    raise ValueError(f"teacher {path}: {archs[0]} has no MLM head; distillation needs the "
+                     "teacher's token predictions (a ...ForMaskedLM / ...ForPreTraining "
+                     "checkpoint)")
   cfg = mapping.config_from_hf(hf, ("mlm",))
   for k in EXECUTION:
     if k in run_model:
@@ -170,6 +175,9 @@ class Distillation(mlm.MaskedLM):
                        "directory or a finished work directory)")
     tcfg = ml_collections.ConfigDict(tcfg.to_dict() if hasattr(tcfg, "to_dict") else tcfg)
     tcfg.heads = ("mlm",)
+    for k in EXECUTION:  # the run's execution settings (aot resolves them for its target)
+      if k in config.model:
+        tcfg[k] = config.model[k]
     if int(tcfg.vocab_size) != int(self.model_config.vocab_size):
       raise ValueError(
           f"the teacher's vocabulary ({tcfg.vocab_size} tokens) differs from the student's "

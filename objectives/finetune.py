@@ -112,6 +112,12 @@ class Finetune(Objective):
     ids = jnp.zeros((1, self.seq_len), jnp.int32)
     return {"encoder": self.model.init(rng, ids)["params"]}
 
+  def after_init(self, params, shardings):
+    """init_from's weights into the encoder (base class), unless finetune.random_init."""
+    if self.config.finetune.get("random_init", False):
+      return params
+    return super().after_init(params, shardings)
+
   def normalizers(self, batch):
     w = batch["example_weight"].astype(jnp.float32)
     if self.task == "token":

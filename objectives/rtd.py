@@ -397,6 +397,37 @@ class ReplacedTokenDetection(Objective):
       tokenizer.save(os.path.join(path, "generator"))
     return path
 
+  def reference_inputs(self, batch, train, seed=0):
+    """transformers' inputs of the same batch; with `train`, masked as a data collator
+    would (outside the timed step): `labels` for the generator, `original_ids` for the
+    discriminator's labels (see `reference_model`)."""
+    real = np.asarray(batch["segment_ids"]) > 0
+    x = {"input_ids": np.asarray(batch["input_ids"]).astype(np.int64),
+         "attention_mask": real.astype(np.int64),
+         "token_type_ids": np.asarray(batch["token_type_ids"]).astype(np.int64)}
+    if train:
+      rng = np.random.RandomState(seed)
+      cand = ~np.asarray(batch["special_tokens_mask"], bool)
+      pick = cand & (rng.rand(*cand.shape) < float(self.cfg.mask_rate))
+      x["original_ids"] = x["input_ids"]
+      x["labels"] = np.where(pick, x["input_ids"], -100).astype(np.int64)
+      x["input_ids"] = np.where(pick, self.mask_id, x["input_ids"]).astype(np.int64)
+    return x
+
+  def reference_diff(self, ours, theirs, batch):
+    mine = np.asarray(jax.device_get(ours.last_hidden_state), np.float32)
+    ref = np.asarray(theirs.hidden_states[-1].float().numpy())
+    real = np.asarray(batch["segment_ids"]) > 0
+    return float(np.abs(mine[real] - ref[real]).max())
+
+  def reference_model(self, path):
+    """transformers doing this objective's work, from an `export` directory: the
+    generator's MLM loss, a sample from its softmax (no gradient), the discriminator's
+    BCE over real tokens x disc_weight, with the embeddings shared as configured (tied:
+    the same modules; gdes and none: separate tables, the closest transformers has).
+    Called without labels it is the discriminator's forward."""
+    return _torch_rtd(self, path)
+
   def describe(self):
     g = self.generator_config
     return {"name": self.name, "sharing": self.sharing, "disc_weight": self.disc_weight,
@@ -472,3 +503,52 @@ def held_out_auc(objective, params, eval_items) -> dict:
   s, lab = np.concatenate(all_s), np.concatenate(all_l)
   return {"rtd_auc": roc_auc(s, lab), "rtd_auc_count": int(lab.size),
           "rtd_auc_replaced": int(lab.sum())}
+
+
+def _torch_rtd(objective, path):
+  import json as json_lib
+  import types
+
+  import torch
+  import transformers
+
+  with open(os.path.join(path, "config.json")) as f:
+    disc_arch = json_lib.load(f)["architectures"][0]
+  with open(os.path.join(path, "generator", "config.json")) as f:
+    gen_arch = json_lib.load(f)["architectures"][0]
+  gen = getattr(transformers, gen_arch).from_pretrained(os.path.join(path, "generator"))
+  disc = getattr(transformers, disc_arch).from_pretrained(path)
+  if disc_arch.endswith("Model"):
+    raise ValueError(f"--compare-hf needs a transformers class with the RTD head; "
+                     f"{disc_arch} has none")
+  if objective.sharing == "tied":
+    g_emb, d_emb = gen.base_model.embeddings, disc.base_model.embeddings
+    for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+      if hasattr(g_emb, name) and hasattr(d_emb, name):
+        setattr(d_emb, name, getattr(g_emb, name))
+  weight, temperature = objective.disc_weight, objective.temperature
+
+  class TorchRtd(torch.nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.generator, self.discriminator, self.config = gen, disc, disc.config
+
+    def forward(self, input_ids, attention_mask, token_type_ids, labels=None,
+                original_ids=None, **kw):
+      if labels is None:
+        return self.discriminator(input_ids, attention_mask=attention_mask,
+                                  token_type_ids=token_type_ids, **kw)
+      g = self.generator(input_ids, attention_mask=attention_mask,
+                         token_type_ids=token_type_ids, labels=labels)
+      masked = labels >= 0
+      with torch.no_grad():
+        probs = torch.softmax(g.logits[masked].float() / temperature, -1)
+        sampled = torch.multinomial(probs, 1)[:, 0]
+        corrupted = original_ids.clone()
+        corrupted[masked] = sampled
+        replaced = (corrupted != original_ids).long()
+      d = self.discriminator(corrupted, attention_mask=attention_mask,
+                             token_type_ids=token_type_ids, labels=replaced)
+      return types.SimpleNamespace(loss=g.loss + weight * d.loss)
+
+  return TorchRtd()

@@ -1,6 +1,7 @@
 """ELECTRA <-> Hugging Face (ElectraModel, ElectraForMaskedLM = the generator,
 ElectraForPreTraining = the discriminator)."""
 from encoders import electra as electra_family
+from encoders import tasks
 from encoders.hf import (
   Mapping,
   PerLayer,
@@ -66,6 +67,16 @@ class ElectraMapping(Mapping):
     arch = ("ElectraForPreTraining" if "rtd" in heads else
             "ElectraForMaskedLM" if "mlm" in heads else "ElectraModel")
     return hf, arch
+
+  def task_hf(self, cfg, task):
+    """ElectraFor{SequenceClassification (classifier.dense + classifier.out_proj),
+    TokenClassification, QuestionAnswering}."""
+    if task == "sequence":
+      return tasks.TaskHF("ElectraForSequenceClassification",
+                          {"dense": "classifier.dense", "out": "classifier.out_proj"})
+    if task == "token":
+      return tasks.TaskHF("ElectraForTokenClassification", {"out": "classifier"})
+    return tasks.TaskHF("ElectraForQuestionAnswering", {"out": "qa_outputs"})
 
   def rules(self, cfg):
     layer = post_ln_layer_rules(cfg, "encoder/layer_{i}", "encoder.layer.{i}", BERT_LAYER)

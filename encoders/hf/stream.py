@@ -19,6 +19,10 @@
 
 Every check of the in-memory path is kept: missing, unexpected and mis-shaped tensors,
 tied weights (compared in row blocks), computed tables, the mapping's coverage.
+
+A directory that `launch.convert` wrote from an HF one (config.json + our params as an
+Orbax checkpoint under `params/`, no safetensors) loads the same way: Orbax restores each
+param straight onto its sharding.
 """
 import json
 import math
@@ -245,52 +249,11 @@ def _rule_shardings(boxed, mesh, rules):
       specs, mesh, rules_tuple(DEFAULT_RULES if rules is None else rules)))
 
 
-def config(path: str, heads: Optional[Sequence[str]] = None, **overrides):
-  """The model config of an HF directory (no tensor data is read). -> (cfg, mapping,
-  architecture, hf config dict, Tensors)."""
-  from encoders import hf as hf_lib
-  hf = hf_lib.hf_config(path)
-  mapping = hf_lib._mapping_for(hf.get("model_type"))
-  tensors = Tensors(path)
-  arch = hf_lib._architecture(mapping, hf, tensors)
-  _, arch_heads = mapping.architectures[arch]
-  cfg = mapping.config_from_hf(hf, tuple(heads) if heads is not None else arch_heads)
-  for key, value in overrides.items():
-    cfg[key] = value
-  return cfg, mapping, arch, hf, tensors
-
-
-def load(path: str, heads: Optional[Sequence[str]] = None, *, mesh=None, rules=None,
-         shardings=None, param_dtype=None, **overrides):
-  """-> (model, params): see the module docstring and `encoders.from_hf`."""
-  import encoders
-  import ml_collections
-  from encoders import layers
-  from encoders.hf import _family_hook, _flatten, _set, expand, import_rule
-  cfg, mapping, arch, hf, tensors = config(path, heads, **overrides)
+def _import_tensors(path, tensors, mapping, hf, arch, cfg, expected, shapes, place_at,
+                    dtype_of):
+  """The HF tensors through the mapping's rules -> {our path: placed jax.Array}."""
+  from encoders.hf import expand, import_rule
   tensors.strip_prefix(mapping.base_prefix(hf))
-  model = encoders.build(cfg)
-  final_shardings = _flat_shardings(shardings)
-  if mesh is None and final_shardings:
-    mesh = next(iter(final_shardings.values())).mesh
-  scan = cfg.get("scan_layers", False)
-  flat_model = model
-  if scan:  # rules name layers unscanned; stacked at the end
-    flat_cfg = ml_collections.ConfigDict(cfg.to_dict())
-    flat_cfg.scan_layers = False
-    flat_model = encoders.build(flat_cfg)
-  boxed = _boxed(flat_model)
-  import flax.linen as nn
-  expected = _flatten(nn.unbox(boxed))
-  shapes = {k: tuple(v.shape) for k, v in expected.items()}
-  place_at = {}
-  if mesh is not None:
-    place_at = _rule_shardings(boxed, mesh, rules)
-    if not scan:
-      place_at.update({k: v for k, v in final_shardings.items() if k in place_at})
-  def dtype_of(key):
-    return np.dtype(param_dtype or expected[key].dtype)
-
   flat, used = {}, set()
   try:
     for rule in expand(mapping.rules(cfg), cfg):
@@ -326,6 +289,107 @@ def load(path: str, heads: Optional[Sequence[str]] = None, *, mesh=None, rules=N
   if missing or extra:
     raise ValueError(f"{path}: the {hf['model_type']} mapping does not cover the model's "
                      f"parameters; missing {missing}, extra {extra}")
+  return flat
+
+
+ORBAX_PARAMS = "params"  # the Orbax item of a converted directory (launch/convert.py)
+
+
+def is_orbax_dir(path: str) -> bool:
+  """A directory `launch.convert` wrote from an HF one: config.json (HF's) plus our
+  params as an Orbax checkpoint under `params/`, instead of safetensors."""
+  return (os.path.isdir(os.path.join(path, ORBAX_PARAMS))
+          and not os.path.isfile(os.path.join(path, "model.safetensors"))
+          and not os.path.isfile(os.path.join(path, "model.safetensors.index.json")))
+
+
+def _restore_orbax(path, expected, place_at, dtype_of, vocab_size):
+  """Our params from the Orbax item, restored straight onto their shardings (Orbax reads
+  each process's slices). Stored unscanned, float32 and without vocabulary padding, as
+  `launch.convert` writes; padding rows (vocab_pad_multiple) are added here as zeros."""
+  import orbax.checkpoint as ocp
+  from encoders.hf import _flatten, _set
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  item = os.path.join(os.path.abspath(path), ORBAX_PARAMS)
+  with ocp.StandardCheckpointer() as ckpt:
+    stored = {k: tuple(v.shape) for k, v in
+              _flatten(ckpt.metadata(item).item_metadata.tree).items()}
+    padded = {k for k, v in expected.items() if k in stored and len(v.shape) >= 1
+              and stored[k] == (vocab_size,) + tuple(v.shape[1:]) and v.shape[0] > vocab_size}
+    missing = sorted(set(expected) - set(stored))
+    extra = sorted(set(stored) - set(expected))
+    wrong = sorted(k for k in expected if k in stored and k not in padded
+                   and stored[k] != tuple(expected[k].shape))
+    if missing or extra or wrong:
+      raise ValueError(f"{path}: the Orbax params do not match the model of its config.json"
+                       f" (missing {missing[:10]}, unexpected {extra[:10]}, mis-shaped "
+                       f"{wrong[:10]})")
+    target = {}
+    for key, spec in expected.items():
+      where = place_at.get(key, device)
+      if key in padded:  # restored whole (replicated), padded below onto its sharding
+        where = jax.sharding.NamedSharding(where.mesh, jax.sharding.PartitionSpec()) if (
+            isinstance(where, jax.sharding.NamedSharding)) else device
+      _set(target, key, jax.ShapeDtypeStruct(stored[key], dtype_of(key), sharding=where))
+    flat = _flatten(ckpt.restore(item, target))
+  for key in padded:
+    rows = expected[key].shape[0] - vocab_size
+    pad = lambda x, rows=rows: jnp.pad(x, [(0, rows)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
+    flat[key] = jax.jit(pad, out_shardings=place_at.get(key, device))(flat[key])
+  return flat
+
+
+def config(path: str, heads: Optional[Sequence[str]] = None, **overrides):
+  """The model config of an HF directory (no tensor data is read). -> (cfg, mapping,
+  architecture, hf config dict, Tensors)."""
+  from encoders import hf as hf_lib
+  hf = hf_lib.hf_config(path)
+  mapping = hf_lib._mapping_for(hf.get("model_type"))
+  tensors = None if is_orbax_dir(path) else Tensors(path)
+  arch = hf_lib._architecture(mapping, hf, tensors)
+  _, arch_heads = mapping.architectures[arch]
+  cfg = mapping.config_from_hf(hf, tuple(heads) if heads is not None else arch_heads)
+  for key, value in overrides.items():
+    cfg[key] = value
+  return cfg, mapping, arch, hf, tensors
+
+
+def load(path: str, heads: Optional[Sequence[str]] = None, *, mesh=None, rules=None,
+         shardings=None, param_dtype=None, **overrides):
+  """-> (model, params): see the module docstring and `encoders.from_hf`."""
+  import encoders
+  import ml_collections
+  from encoders import layers
+  from encoders.hf import _family_hook, _flatten, _set
+  cfg, mapping, arch, hf, tensors = config(path, heads, **overrides)
+  model = encoders.build(cfg)
+  final_shardings = _flat_shardings(shardings)
+  if mesh is None and final_shardings:
+    mesh = next(iter(final_shardings.values())).mesh
+  scan = cfg.get("scan_layers", False)
+  flat_model = model
+  if scan:  # rules name layers unscanned; stacked at the end
+    flat_cfg = ml_collections.ConfigDict(cfg.to_dict())
+    flat_cfg.scan_layers = False
+    flat_model = encoders.build(flat_cfg)
+  boxed = _boxed(flat_model)
+  import flax.linen as nn
+  expected = _flatten(nn.unbox(boxed))
+  shapes = {k: tuple(v.shape) for k, v in expected.items()}
+  place_at = {}
+  if mesh is not None:
+    place_at = _rule_shardings(boxed, mesh, rules)
+    if not scan:
+      place_at.update({k: v for k, v in final_shardings.items() if k in place_at})
+
+  def dtype_of(key):
+    return np.dtype(param_dtype or expected[key].dtype)
+
+  if tensors is None:
+    flat = _restore_orbax(path, expected, place_at, dtype_of, cfg.vocab_size)
+  else:
+    flat = _import_tensors(path, tensors, mapping, hf, arch, cfg, expected, shapes, place_at,
+                           dtype_of)
   params = {}
   for key in expected:
     _set(params, key, flat.pop(key))

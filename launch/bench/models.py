@@ -145,7 +145,11 @@ class Theirs:
       objective.export(params, path)
       with open(os.path.join(path, "config.json")) as f:
         self.arch = json.load(f)["architectures"][0]
-      self.model = getattr(transformers, self.arch).from_pretrained(path)
+      # An objective whose work is more than one transformers class (RTD: generator +
+      # discriminator) gives its own torch reference.
+      reference = getattr(objective, "reference_model", None)
+      self.model = (reference(path) if reference is not None
+                    else getattr(transformers, self.arch).from_pretrained(path))
     self.attn_implementation = getattr(self.model.config, "_attn_implementation", None)
     self.autocast = config.model.dtype != "float32"
     self.torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(

@@ -22,7 +22,10 @@ ALBERT_TINY = dict(embedding_size=16, num_hidden_layers=4, num_hidden_groups=2,
                    inner_group_num=2, hidden_act="gelu_new")
 ALBERT_ARCHS = {name: (getattr(T, name), T.AlbertConfig, ALBERT_TINY)
                 for name in ("AlbertModel", "AlbertForMaskedLM", "AlbertForPreTraining")}
-ARCHS_ALL = {**ARCHS, **ALBERT_ARCHS}
+# ELECTRA: E != H (the embeddings are projected), generator and discriminator heads.
+ELECTRA_ARCHS = {name: (getattr(T, name), T.ElectraConfig, dict(embedding_size=16))
+                 for name in ("ElectraModel", "ElectraForMaskedLM", "ElectraForPreTraining")}
+ARCHS_ALL = {**ARCHS, **ALBERT_ARCHS, **ELECTRA_ARCHS}
 
 
 def tiny_hf_model(arch, seed=0, **overrides):
@@ -63,8 +66,8 @@ def torch_outputs(model, ids, mask, types):
   result = {"last_hidden_state": hidden}
   if getattr(out, "prediction_logits", None) is not None:
     result["mlm_logits"] = out.prediction_logits.numpy()
-  elif getattr(out, "logits", None) is not None:
-    result["mlm_logits"] = out.logits.numpy()
+  elif getattr(out, "logits", None) is not None:  # (B,T): ELECTRA's RTD logits
+    result["mlm_logits" if out.logits.ndim == 3 else "rtd_logits"] = out.logits.numpy()
   if getattr(out, "seq_relationship_logits", None) is not None:
     result["nsp_logits"] = out.seq_relationship_logits.numpy()
   if getattr(out, "sop_logits", None) is not None:

@@ -87,17 +87,20 @@ def test_log_buckets_match_transformers(buckets, max_position):
                                 want.numpy().astype(np.int64))
 
 
-@pytest.mark.parametrize("t,span,buckets,max_position,terms", [
-    (1, 4, -1, 4, ("c2p", "p2c")), (2, 4, -1, 4, ("p2c",)), (9, 3, -1, 3, ("c2p", "p2c")),
-    (20, 4, 8, 64, ("c2p",)), (33, 16, 16, 512, ("c2p", "p2c"))])
-def test_shift_formulation_equals_gather_reference(t, span, buckets, max_position, terms):
+@pytest.mark.parametrize("t,span,buckets,max_position,terms,block", [
+    (1, 4, -1, 4, ("c2p", "p2c"), 0), (2, 4, -1, 4, ("p2c",), 0),
+    (9, 3, -1, 3, ("c2p", "p2c"), 3), (20, 4, 8, 64, ("c2p",), 5),
+    (33, 16, 16, 512, ("c2p", "p2c"), 0), (32, 16, 16, 512, ("c2p", "p2c"), 8)])
+def test_shift_formulation_equals_gather_reference(t, span, buckets, max_position, terms,
+                                                   block):
   ks = jax.random.split(jax.random.PRNGKey(t), 4)
   q, k = (jax.random.normal(x, (2, t, 3, 5)) for x in ks[:2])
   pk, pq = (jax.random.normal(x, (2 * span, 3, 5)) for x in ks[2:])
   rows = (span, buckets, max_position)
 
   def scores(impl):
-    return lambda q, k, pk, pq: relative.relative_scores(q, k, pk, pq, terms, rows, impl)
+    return lambda q, k, pk, pq: relative.relative_scores(q, k, pk, pq, terms, rows, impl,
+                                                         block)
 
   ref = jax.jit(scores("gather"))(q, k, pk, pq)
   fast = jax.jit(scores("shift"))(q, k, pk, pq)

@@ -1,5 +1,7 @@
 """from_hf(..., mesh=): params streamed from safetensors straight onto a mesh, for every
 registered model type; each device's shard read by itself where the layout allows."""
+import os
+
 import flax.linen as nn
 import jax
 import numpy as np
@@ -143,3 +145,24 @@ def test_header_reader_matches_safetensors(tmp_path):
     np.testing.assert_array_equal(t[k], v)
     if v.ndim == 2:
       np.testing.assert_array_equal(t.read(k, (slice(1, 3), slice(0, 5))), v[1:3, :5])
+
+
+@pytest.mark.slow  # three subprocesses and a ~230 MB checkpoint
+def test_streamed_load_holds_about_no_more_than_the_placed_params(tmp_path):
+  """docs/load_memory.py at 2 layers: the streamed load's peak host memory stays near the
+  placed params' own (baseline), the old whole-file path's goes a checkpoint above."""
+  import json
+  import subprocess
+  import sys
+  script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))), "docs", "load_memory.py")
+  out = tmp_path / "rows.json"
+  run = subprocess.run([sys.executable, script, "--dir", str(tmp_path / "ckpt"),
+                        "--layers", "2", "--json", str(out)], capture_output=True,
+                       text=True, timeout=1200)
+  assert run.returncode == 0, run.stderr[-3000:]
+  rows = {r["mode"]: r for r in json.loads(out.read_text())}
+  size = rows["stream"]["checkpoint_mb"]
+  assert rows["stream"]["placed_mb"] >= size * 0.99
+  assert rows["stream"]["over_baseline_mb"] < 0.2 * size, rows
+  assert rows["old"]["over_baseline_mb"] > 0.9 * size, rows

@@ -10,8 +10,9 @@ WORDS = ["good", "great", "fine", "bad", "awful", "poor", "the", "movie", "was",
          "visited", "met", "in", "with", "who", "where", "did", "go", "?", "."]
 
 
-def tiny_bert_dir(path, seed=0, max_position_embeddings=64):
-  """A random tiny BertModel + tokenizer.json (+ vocab.txt) in `path`."""
+def tiny_bert_dir(path, seed=0, max_position_embeddings=64, arch="BertModel", **config):
+  """A random tiny BERT (`arch`, e.g. BertForSequenceClassification; `config` adds
+  BertConfig fields such as id2label) + tokenizer.json (+ vocab.txt) in `path`."""
   import torch
   import transformers as T
   from tokenizers import BertWordPieceTokenizer
@@ -27,8 +28,13 @@ def tiny_bert_dir(path, seed=0, max_position_embeddings=64):
   torch.manual_seed(seed)
   cfg = T.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
                      num_attention_heads=4, intermediate_size=64,
-                     max_position_embeddings=max_position_embeddings)
-  T.BertModel(cfg).save_pretrained(path)
+                     max_position_embeddings=max_position_embeddings, **config)
+  model = getattr(T, arch)(cfg).eval()
+  with torch.no_grad():  # non-zero biases, so every tensor's mapping matters
+    for name, p in model.named_parameters():
+      if name.endswith("bias"):
+        p.add_(0.1 * torch.randn_like(p))
+  model.save_pretrained(path)
   return path
 
 

@@ -196,3 +196,14 @@ def test_table4_ablation_settings(setting):
       want[setting]
   with pytest.raises(ValueError, match="setting"):
     t4.get_config("tiny,setting=bogus")
+
+
+def test_a_teacher_without_an_mlm_head_is_refused(tmp_path):
+  import encoders
+  cfg = encoders.family_defaults("bert")
+  cfg.update(vocab_size=300, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+             intermediate_size=64, heads=("pooler",), dtype="float32")
+  model = encoders.build(cfg)
+  encoders.to_hf(model, encoders.init_params(model, jax.random.PRNGKey(0)), str(tmp_path))
+  with pytest.raises(ValueError, match="BertModel has no MLM head"):
+    build(small(teacher=str(tmp_path)))

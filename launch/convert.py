@@ -1,0 +1,163 @@
+"""Convert between training work directories, HF directories and Orbax checkpoints.
+
+    # a training run's checkpoint (any step; default the latest) -> an HF directory
+    python -m launch.convert --from WORKDIR [--step N] --out HF_DIR
+    # an HF directory -> an Orbax checkpoint the trainer starts from
+    python -m launch.convert --from HF_DIR --out ORBAX_DIR
+    # and back
+    python -m launch.convert --from ORBAX_DIR --out HF_DIR
+
+What each direction writes:
+- WORKDIR -> HF: the state of checkpoint `step` is restored (onto this machine's first
+  device, whatever mesh it was saved on) and exported by the run's objective, exactly as
+  the trainer's own end-of-run export: weights, config.json and the run's tokenizer.
+- HF -> ORBAX: the directory's config.json and tokenizer files, with the weights as our
+  param tree in an Orbax checkpoint under `params/` (float32, layers unscanned). Such a
+  directory is read by `encoders.from_hf` like an HF one (Orbax restores each param
+  straight onto its sharding), so the trainer starts from it with
+  `--config.init_from=ORBAX_DIR`, and `launch.export` / `encoders.load` take it too.
+- ORBAX -> HF: `encoders.to_hf` of those params, plus the tokenizer files.
+HF -> ORBAX -> HF gives back every tensor bit for bit.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+from typing import Optional
+
+from encoders.hf.stream import ORBAX_PARAMS, is_orbax_dir
+
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "config.json", ORBAX_PARAMS)
+
+
+def kind_of(path: str) -> str:
+  """"workdir", "orbax" or "hf"; ValueError when `path` is none of them."""
+  if os.path.isdir(os.path.join(path, "checkpoints")) and os.path.isfile(
+      os.path.join(path, "config.json")):
+    return "workdir"
+  if os.path.isfile(os.path.join(path, "config.json")):
+    if is_orbax_dir(path):
+      return "orbax"
+    from encoders.hf.stream import weight_files
+    weight_files(path)  # raises, naming what is wrong (e.g. a pickle-only directory)
+    return "hf"
+  raise ValueError(f"{path} is not a training work directory (config.json + checkpoints/), "
+                   "an HF directory or an Orbax directory written by launch.convert")
+
+
+def _copy_side_files(src: str, dst: str):
+  """Tokenizer and other small files: everything but the weights and config.json."""
+  for name in os.listdir(src):
+    if name in _WEIGHTS or name.startswith("model-") or name.startswith("."):
+      continue
+    s = os.path.join(src, name)
+    if os.path.isfile(s):
+      shutil.copy2(s, os.path.join(dst, name))
+
+
+def _fresh(path: str):
+  if os.path.exists(path):
+    if not os.path.isdir(path) or os.listdir(path):
+      raise ValueError(f"--out {path} exists and is not empty; choose a new directory")
+  os.makedirs(path, exist_ok=True)
+
+
+def hf_to_orbax(src: str, out: str) -> str:
+  import jax
+  import orbax.checkpoint as ocp
+  import encoders
+  _fresh(out)
+  _, params = encoders.from_hf(src, scan_layers=False, vocab_pad_multiple=1)
+  params = jax.device_get(params)
+  with ocp.StandardCheckpointer() as ckpt:
+    ckpt.save(os.path.join(os.path.abspath(out), ORBAX_PARAMS), params)
+    ckpt.wait_until_finished()
+  shutil.copy2(os.path.join(src, "config.json"), os.path.join(out, "config.json"))
+  _copy_side_files(src, out)
+  return out
+
+
+def orbax_to_hf(src: str, out: str) -> str:
+  import encoders
+  from encoders.hf import hf_config
+  model, params = encoders.from_hf(src, scan_layers=False)
+  archs = hf_config(src).get("architectures") or [None]
+  encoders.to_hf(model, params, out, architecture=archs[0])
+  _copy_side_files(src, out)
+  return out
+
+
+def workdir_to_hf(workdir: str, out: str, step: Optional[int] = None) -> str:
+  """The run's objective exports checkpoint `step` (default: the latest) to `out`."""
+  import jax
+  import ml_collections
+  import orbax.checkpoint as ocp
+  from launch.data import tokenization
+  from launch import trainer as train
+  workdir = os.path.abspath(workdir)
+  with open(os.path.join(workdir, "config.json")) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  config.mesh.shape = (1, 1, 1)  # restored onto one device, whatever it was saved on
+  tokenizer = tokenization.make_tokenizer(config.tokenizer, workdir, _no_documents)
+  setup = train.build(config, tokenizer, jax.devices()[:1])
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  with ocp.CheckpointManager(ckpt_dir, item_names=("state",)) as mngr:
+    steps = sorted(mngr.all_steps())
+    if not steps:
+      raise ValueError(f"{ckpt_dir} holds no checkpoint")
+    if step is None:
+      step = steps[-1]
+    if step not in steps:
+      raise ValueError(f"no checkpoint of step {step} in {ckpt_dir}; steps: {steps}")
+    restored = mngr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(setup.abstract_state)))
+  state = restored["state"]
+  params = jax.device_get({**state.params, **state.frozen})
+  setup.objective.export(params, out, tokenizer)
+  return out
+
+
+def _no_documents():
+  raise ValueError("the work directory has no cached tokenizer (tokenizer/), and convert "
+                   "does not retrain one")
+
+
+def convert(src: str, out: str, step: Optional[int] = None) -> str:
+  """Converts by the kind of `src` (module docstring). -> the kind written."""
+  kind = kind_of(src)
+  if step is not None and kind != "workdir":
+    raise ValueError(f"--step applies to a training work directory; {src} is an {kind} "
+                     "directory")
+  if os.path.abspath(src) == os.path.abspath(out):
+    raise ValueError("--out must differ from --from")
+  if kind == "workdir":
+    workdir_to_hf(src, out, step)
+    return "hf"
+  if kind == "hf":
+    hf_to_orbax(src, out)
+    return "orbax"
+  orbax_to_hf(src, out)
+  return "hf"
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(prog="python -m launch.convert",
+                               description=__doc__.split("\n")[0])
+  ap.add_argument("--from", dest="src", required=True,
+                  help="a training work directory, an HF directory or an Orbax directory")
+  ap.add_argument("--out", required=True, help="directory to write")
+  ap.add_argument("--step", type=int, default=None,
+                  help="work directory only: the checkpoint step (default: the latest)")
+  a = ap.parse_args(argv)
+  try:
+    written = convert(a.src, a.out, a.step)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(f"wrote {written} directory {a.out}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
