@@ -25,7 +25,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
-from encoders import base, layers, model
+from encoders import base, layers, model, tasks
 
 # Warner et al. 2024, Table 3 (and the released configs): layers, hidden, heads, MLP width.
 VARIANTS = {
@@ -61,6 +61,8 @@ def defaults(variant: str = "base") -> ml_collections.ConfigDict:
   m.decoder_bias = True
   m.classifier_bias = False
   m.classifier_activation = "gelu"
+  m.classifier_pooling = "cls"  # task heads: cls | mean (sequence classification)
+  m.classifier_dropout = 0.0
   # Dropout: ModernBERT trains without it. Embedding dropout is implemented; HF's
   # attention_dropout (probabilities and attention output) and mlp_dropout (inside the MLP)
   # must stay 0 here (a ValueError otherwise).
@@ -122,6 +124,8 @@ def validate(cfg):
     raise ValueError("global_attn_every_n_layers must be >= 1")
   if cfg.local_attention < 2 or cfg.local_attention % 2:
     raise ValueError(f"local_attention={cfg.local_attention} must be an even window >= 2")
+  if cfg.get("classifier_pooling", "cls") not in ("cls", "mean"):
+    raise ValueError(f"classifier_pooling={cfg.classifier_pooling!r}: cls or mean")
   for name in ("attention_dropout", "mlp_dropout"):
     if cfg.get(name, 0.0):
       raise ValueError(f"{name}={cfg[name]} is not implemented for ModernBERT (it trains "
@@ -181,6 +185,18 @@ class ModernBert(model.Encoder):
   window attention, final norm, MLM head tied to the embeddings."""
   defaults = staticmethod(defaults)
   forward_flops = staticmethod(forward_flops)
+
+  @staticmethod
+  def task_heads(cfg) -> tasks.TaskHeads:
+    """transformers' ModernBertFor*: [cls or mean pooling] -> the prediction head (dense
+    with `classifier_bias`, `classifier_activation`, LayerNorm) -> dropout -> classifier."""
+    def head(pooling="cls"):
+      return tasks.Head(pooling=pooling, act=cfg.classifier_activation, norm=True,
+                        norm_bias=cfg.norm_bias, norm_eps=cfg.norm_eps,
+                        dropout=cfg.get("classifier_dropout", 0.0),
+                        dense_bias=cfg.classifier_bias, pre_dropout=False)
+    return tasks.TaskHeads(sequence=head(cfg.get("classifier_pooling", "cls")),
+                           token=head(), qa=head())
 
   @staticmethod
   def scan_params(cfg, params):

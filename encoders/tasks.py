@@ -75,6 +75,8 @@ class Head:
   norm_bias: bool = True
   norm_eps: Optional[float] = None
   dropout: Optional[float] = None
+  dense_bias: bool = True  # False: the D->D transform has no bias (ModernBERT's default)
+  pre_dropout: bool = True  # dropout before the transform (False: ModernBERT's head)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,9 +180,10 @@ class TaskHead(nn.Module):
   def __call__(self, x, deterministic=True):
     s = self.spec
     if s.act is not None:
-      x = layers.Dropout(self.dropout_rate)(x, deterministic=deterministic)
-      x = layers.Dense((self.hidden_size,), ("embed", "mlp"), init_std=self.init_std,
-                       dtype=self.dtype, name="dense")(x)
+      if s.pre_dropout:
+        x = layers.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+      x = layers.Dense((self.hidden_size,), ("embed", "mlp"), use_bias=s.dense_bias,
+                       init_std=self.init_std, dtype=self.dtype, name="dense")(x)
       x = layers.activation(s.act)(x)
     if s.norm:
       eps = s.norm_eps if s.norm_eps is not None else self.layer_norm_eps

@@ -6,6 +6,7 @@ biases exist only when the config turns them on (`attention_bias`, `mlp_bias`,
 `norm_bias`, `classifier_bias`, `decoder_bias`), and the rules follow it.
 """
 from encoders import modernbert as mb
+from encoders import tasks
 from encoders.hf import Mapping, PerLayer, Rule, refuse_unknown, register_mapping
 
 _CONSUMED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -13,13 +14,13 @@ _CONSUMED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layer
              "initializer_range", "norm_eps", "norm_bias", "pad_token_id", "local_attention",
              "attention_bias", "mlp_bias", "decoder_bias", "classifier_bias",
              "classifier_activation", "embedding_dropout", "attention_dropout",
-             "mlp_dropout", "global_attn_every_n_layers")
+             "mlp_dropout", "global_attn_every_n_layers", "classifier_pooling",
+             "classifier_dropout")
 # Read here (not copied one to one), or settings that never change the encoder's numbers:
 # init-only, task-head pooling/dropout, FlashAttention determinism, the loss-side sparse
 # prediction (HF's logits at labelled positions only), special token ids.
 _HANDLED = ("layer_types", "rope_parameters", "global_rope_theta", "local_rope_theta",
-            "initializer_cutoff_factor", "classifier_pooling", "classifier_dropout",
-            "deterministic_flash_attn", "sparse_prediction", "sparse_pred_ignore_index",
+            "initializer_cutoff_factor", "deterministic_flash_attn", "sparse_prediction", "sparse_pred_ignore_index",
             "cls_token_id", "reference_compile", "repad_logits_with_grad",
             "is_encoder_decoder")
 _REQUIRED = {"tie_word_embeddings": True}
@@ -103,6 +104,14 @@ class ModernBertMapping(Mapping):
       hf[key] = default if default < cfg.vocab_size else None
     arch = "ModernBertForMaskedLM" if "mlm" in cfg.heads else "ModernBertModel"
     return hf, arch
+
+  def task_hf(self, cfg, task):
+    """ModernBertFor{SequenceClassification, TokenClassification, QuestionAnswering}: the
+    prediction head `head.dense` / `head.norm`, then `classifier`."""
+    arch = {"sequence": "ModernBertForSequenceClassification",
+            "token": "ModernBertForTokenClassification",
+            "qa": "ModernBertForQuestionAnswering"}[task]
+    return tasks.TaskHF(arch, {"dense": "head.dense", "norm": "head.norm", "out": "classifier"})
 
   def rules(self, cfg):
     d, h = cfg.hidden_size, cfg.num_attention_heads

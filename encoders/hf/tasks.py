@@ -59,8 +59,9 @@ def task_head_rules(cfg, task: str, th: tasks.TaskHF):
       if spec.norm_bias:
         rules.append(Rule(f"{head}/norm/bias", f"{mod}.bias", base=False))
     else:
-      rules += [Rule(f"{head}/{part}/kernel", f"{mod}.weight", "linear", base=False),
-                Rule(f"{head}/{part}/bias", f"{mod}.bias", base=False)]
+      rules.append(Rule(f"{head}/{part}/kernel", f"{mod}.weight", "linear", base=False))
+      if part == "out" or spec.dense_bias:
+        rules.append(Rule(f"{head}/{part}/bias", f"{mod}.bias", base=False))
   return rules
 
 

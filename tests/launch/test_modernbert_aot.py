@@ -9,6 +9,7 @@ import pytest
 from tests.launch.test_aot import _run, libtpu  # noqa: F401 (fixture)
 
 TINY = ["--config", "configs/modernbert.py:tiny", "--config.model.vocab_size=512",
+        "--config.model.pad_token_id=0",
         "--config.model.num_hidden_layers=4", "--config.model.local_attention=128"]
 
 
