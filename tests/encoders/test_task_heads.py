@@ -26,7 +26,11 @@ TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_he
 # Per HF model type: what its tiny config needs beyond TINY (ALBERT: E != H, two groups of
 # two layers, four applications).
 EXTRA = {"albert": dict(embedding_size=16, num_hidden_layers=4, num_hidden_groups=2,
-                        inner_group_num=2, hidden_act="gelu_new")}
+                        inner_group_num=2, hidden_act="gelu_new"),
+         # DeBERTa-v3 style: shared keys, log buckets, normed relative table
+         "deberta-v2": dict(relative_attention=True, position_buckets=8,
+                            norm_rel_ebd="layer_norm", share_att_key=True,
+                            pos_att_type="p2c|c2p", position_biased_input=False)}
 AUTO = {"sequence": T.AutoModelForSequenceClassification,
         "token": T.AutoModelForTokenClassification,
         "qa": T.AutoModelForQuestionAnswering}
