@@ -30,7 +30,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
-from encoders import base, bert, heads, layers, model
+from encoders import base, bert, heads, layers, model, tasks
 from encoders.layers import relative
 
 # v3 sizes (the released microsoft/deberta-v3-* configs): layers, hidden, heads, MLP width.
@@ -47,7 +47,7 @@ def defaults(variant: str = "base") -> ml_collections.ConfigDict:
   """The model section of a DeBERTa-v3 config (HF DebertaV2Config's names)."""
   n_layers, hidden, n_heads, width = VARIANTS[variant]
   m = bert.defaults()
-  m.family = "deberta"
+  m.family = "deberta-v2"  # HF model_type, as every family
   m.variant = variant
   m.vocab_size = 128100
   m.embedding_size = hidden
@@ -175,11 +175,18 @@ class ContextPooler(nn.Module):
         name="dense")(x[:, 0]))
 
 
-@base.register_family("deberta")
+@base.register_family("deberta-v2")
 class Deberta(model.Encoder):
   """DeBERTa v2/v3: disentangled attention over a shared relative table, post-LN layers."""
   defaults = staticmethod(defaults)
   forward_flops = staticmethod(forward_flops)
+
+  @staticmethod
+  def task_heads(cfg) -> tasks.TaskHeads:
+    """Sequence: DeBERTa's ContextPooler (dense + pooler_hidden_act on the first token),
+    then the classifier; tokens and QA: one linear layer on each hidden state."""
+    return tasks.TaskHeads(sequence=tasks.Head(pooling="cls", act=cfg.pooler_hidden_act),
+                           token=tasks.Head(), qa=tasks.Head(dropout=0.0))
 
   def max_length(self):
     c = self.config

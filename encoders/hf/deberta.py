@@ -1,7 +1,8 @@
 """DeBERTa v2/v3 <-> Hugging Face (model_type "deberta-v2": DebertaV2Model,
-DebertaV2ForMaskedLM). DeBERTa v1 (model_type "deberta") is a different model and is
-refused."""
+DebertaV2ForMaskedLM; the task models through `task_hf`). DeBERTa v1 (model_type
+"deberta") is a different model, which has no mapping."""
 from encoders import deberta as deberta_family
+from encoders import tasks
 from encoders.hf import (Mapping, PerLayer, Rule, layer_indices, refuse_unknown,
                          register_mapping)
 from encoders.hf.bert import post_ln_layer_rules
@@ -37,7 +38,7 @@ def _pos_att_type(value):
 
 @register_mapping
 class DebertaMapping(Mapping):
-  model_types = ("deberta-v2", "deberta")
+  model_types = ("deberta-v2",)
   architectures = {
       "DebertaV2Model": ("", ()),
       "DebertaV2ForMaskedLM": ("deberta", ("mlm",)),
@@ -46,13 +47,18 @@ class DebertaMapping(Mapping):
           "cls.predictions.decoder.bias": "cls.predictions.bias"}
   ignorable = ("embeddings.position_ids",)
 
+  def task_hf(self, cfg, task):
+    """DebertaV2For{SequenceClassification, TokenClassification, QuestionAnswering}; the
+    sequence head's dense is the ContextPooler's (`pooler.dense`)."""
+    return {"sequence": tasks.TaskHF("DebertaV2ForSequenceClassification",
+                                     {"dense": "pooler.dense", "out": "classifier"}),
+            "token": tasks.TaskHF("DebertaV2ForTokenClassification", {"out": "classifier"}),
+            "qa": tasks.TaskHF("DebertaV2ForQuestionAnswering", {"out": "qa_outputs"})}[task]
+
   def base_prefix(self, hf):
     return "deberta"
 
   def config_from_hf(self, hf, heads):
-    if hf.get("model_type") != "deberta-v2":
-      raise ValueError(f"model_type {hf.get('model_type')!r} (DeBERTa v1) is not supported; "
-                       "encoder-zoo implements DeBERTa v2/v3 (model_type 'deberta-v2')")
     hf = dict(hf)
     for key in ("pooler_hidden_size", "attention_head_size"):
       want = hf["hidden_size"] // hf["num_attention_heads"] if key == "attention_head_size" \
@@ -85,11 +91,10 @@ class DebertaMapping(Mapping):
               attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
               initializer_range=cfg.initializer_range, tie_word_embeddings=True,
               pooler_hidden_size=cfg.hidden_size, pooler_dropout=0.0)
-    heads = set(cfg.heads)
-    if heads - {"mlm"}:
-      raise ValueError(f"DeBERTa exports the encoder and its MLM head; {sorted(heads - {'mlm'})}"
-                       " have no DebertaV2Model/DebertaV2ForMaskedLM tensors")
-    return hf, ("DebertaV2ForMaskedLM" if "mlm" in heads else "DebertaV2Model")
+    if "pooler" in set(cfg.heads):
+      raise ValueError("DebertaV2Model has no pooler (its ContextPooler belongs to the "
+                       "sequence-classification model: encoders.tasks)")
+    return hf, ("DebertaV2ForMaskedLM" if "mlm" in set(cfg.heads) else "DebertaV2Model")
 
   def rules(self, cfg):
     d, h = cfg.hidden_size, cfg.num_attention_heads

@@ -31,7 +31,11 @@ EXTRA = {"albert": dict(embedding_size=16, num_hidden_layers=4, num_hidden_group
          # ModernBERT: special ids inside the tiny vocabulary; a window smaller than the
          # batch's rows; global, local, local, global layers.
          "modernbert": dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
-                            sep_token_id=2, local_attention=4, num_hidden_layers=4)}
+                            sep_token_id=2, local_attention=4, num_hidden_layers=4),
+         # DeBERTa-v3 style: shared keys, log buckets, normed relative table
+         "deberta-v2": dict(relative_attention=True, position_buckets=8,
+                            norm_rel_ebd="layer_norm", share_att_key=True,
+                            pos_att_type="p2c|c2p", position_biased_input=False)}
 AUTO = {"sequence": T.AutoModelForSequenceClassification,
         "token": T.AutoModelForTokenClassification,
         "qa": T.AutoModelForQuestionAnswering}
