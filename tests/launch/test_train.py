@@ -139,6 +139,7 @@ def test_resume_is_bitwise_exact(tmp_path, tokenizer_cache):
   assert [r["mlm_loss"] for r in ea] == [r["mlm_loss"] for r in eb]
 
 
+@pytest.mark.slow  # ~1 min; test_resume_is_bitwise_exact stays in the default suite
 def test_restore_onto_another_mesh(tmp_path, tokenizer_cache):
   ref = _workdir(tmp_path, "ref", tokenizer_cache)
   train.train_and_evaluate(small_config(), ref, devices=_devices(1))
@@ -429,6 +430,7 @@ def test_frozen_collections_get_no_optimizer_state_and_no_update(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow  # ~35 s; the default suite covers init_from in test_finetune.py and test_convert.py
 def test_continued_pretraining_from_minilm(tmp_path):
   """`init_from`: continued MLM from the real all-MiniLM-L6-v2 checkpoint (a BertModel
   without an MLM head) on the default corpus, with the checkpoint's tokenizer."""
