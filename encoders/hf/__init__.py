@@ -232,9 +232,6 @@ def to_hf(model, params, path: str, architecture: Optional[str] = None):
   """Writes `config.json` + `model.safetensors` that transformers loads with
   `from_pretrained` with no missing or unexpected keys. Written to a temporary
   directory and renamed into place, so a crash never leaves a half-written checkpoint."""
-  import shutil
-  import tempfile
-  from safetensors.numpy import save_file
   cfg = model.config
   mapping = _MAPPINGS.get(cfg.family) or next(
       (m for m in _MAPPINGS.values() if cfg.family in m.model_types), None)
@@ -250,9 +247,19 @@ def to_hf(model, params, path: str, architecture: Optional[str] = None):
         cfg, params)
   flat = {k: np.asarray(jax.device_get(v), np.float32) for k, v in _flatten(params).items()}
   table = expand(mapping.rules(cfg), cfg)
+  return write_export(path, table, flat, cfg, prefix, hf, "HF mapping")
+
+
+def write_export(path, table, flat, cfg, prefix, hf, what):
+  """Writes an HF directory from our flat params through an expanded rule table, atomically
+  (temp dir, then rename). Refuses params no rule covers: silently dropping a trained
+  tensor would lose it. Shared by `to_hf` and the task-model export."""
+  import shutil
+  import tempfile
+  from safetensors.numpy import save_file
   uncovered = sorted(set(flat) - {p for rule in table for p in rule.our_paths})
-  if uncovered:  # silently dropping a trained tensor would lose it
-    raise ValueError(f"the {cfg.family!r} HF mapping has no rule for params "
+  if uncovered:
+    raise ValueError(f"the {cfg.family!r} {what} has no rule for params "
                      f"{', '.join(uncovered[:20])}; nothing was written")
   tensors = {}
   for rule in table:

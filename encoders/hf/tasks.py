@@ -10,10 +10,6 @@ encoder heads the task needs (BERT's pooler for sequence classification, nothing
 the task head's tensors through `task_head_rules`, built from the family's `TaskHF`.
 Import errors name every missing, unexpected or mis-shaped tensor, as encoders.hf does.
 """
-import json
-import os
-import shutil
-import tempfile
 from typing import Optional
 
 import jax
@@ -21,7 +17,7 @@ import ml_collections
 import numpy as np
 
 from encoders import base, layers, tasks
-from encoders.hf import (_flatten, _mapping_for, _set, _strip_prefix, expand, export_rule,
+from encoders.hf import (write_export, _flatten, _mapping_for, _set, _strip_prefix, expand,
                          hf_config, import_rule, read_safetensors)
 from encoders.hf.rules import Rule
 
@@ -142,7 +138,6 @@ def to_hf(model: tasks.TaskModel, params, path: str, labels=None):
   """Writes `config.json` + `model.safetensors` that transformers' task class loads with
   no missing or unexpected keys; id2label / label2id from `labels` (default: the
   model's). Written to a temporary directory and renamed into place."""
-  from safetensors.numpy import save_file
 
   from encoders.hf import _MAPPINGS
   cfg = model.config
@@ -172,25 +167,4 @@ def to_hf(model: tasks.TaskModel, params, path: str, labels=None):
     params = unstack(cfg, params)
   flat = {k: np.asarray(jax.device_get(v), np.float32) for k, v in _flatten(params).items()}
   table = expand(list(mapping.rules(cfg)) + task_head_rules(cfg, model.task, th), cfg)
-  uncovered = sorted(set(flat) - {p for rule in table for p in rule.our_paths})
-  if uncovered:
-    raise ValueError(f"the {cfg.family!r} HF task mapping has no rule for params "
-                     f"{', '.join(uncovered[:20])}; nothing was written")
-  tensors = {}
-  for rule in table:
-    for key, value in export_rule(rule, flat, cfg).items():
-      tensors[f"{prefix}.{key}" if (rule.base and prefix) else key] = value
-  parent = os.path.dirname(os.path.abspath(path))
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".to_hf_", dir=parent)
-  try:
-    save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(tmp, "config.json"), "w") as f:
-      json.dump(hf, f, indent=2, sort_keys=True)
-    if os.path.exists(path):
-      shutil.rmtree(path)
-    os.replace(tmp, path)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
-  return path
+  return write_export(path, table, flat, cfg, prefix, hf, "HF task mapping")
