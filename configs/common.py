@@ -61,7 +61,7 @@ def base_config():
   c.objective.max_predictions = -1
 
   c.data = ml_collections.ConfigDict()
-  c.data.source = "default"  # default | text | tfds
+  c.data.source = "default"  # default | text | tfds | arrayrecord
   c.data.files = ""  # glob(s), comma separated, for source=text
   c.data.text_document = "blank_line"  # source=text: blank_line (BERT format) | file
   c.data.tfds_name = ""
@@ -83,6 +83,13 @@ def base_config():
   c.data.num_epochs = -1  # -1: repeat forever
   c.data.worker_count = 0
   c.data.max_documents = -1
+  # source=arrayrecord: the --out directory of `python -m launch.preprocess` (local or
+  # gs:// through a gcsfuse mount); shards are read as written, nothing is tokenized.
+  c.data.path = ""
+  # Bad input (non-UTF-8 bytes, empty or over-long documents, corrupt shards or records):
+  # skip | error. skip drops it with a counted warning; error stops, naming file and offset.
+  c.data.bad_data = "skip"
+  c.data.max_document_bytes = 8_000_000  # longer documents (e.g. one 50 MB line) are bad
 
   c.tokenizer = ml_collections.ConfigDict()
   c.tokenizer.kind = "sentencepiece_train"  # sentencepiece_train | sentencepiece | hf

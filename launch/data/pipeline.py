@@ -261,6 +261,10 @@ def make_pipeline(config, workdir: str | None, *, process_index: int | None = No
   Returns:
     A `Pipeline`; `global_batch` must be divisible by `process_count`.
   """
+  if config.data.source == "arrayrecord":  # pretokenized shards (launch.preprocess)
+    from launch.data import arrayrecord  # pylint: disable=g-import-not-at-top
+    return arrayrecord.make_pipeline(config, workdir, **dict(zip(
+        ("process_index", "process_count"), _process_info(process_index, process_count))))
   validate(config)
   data = config.data
   process_index, process_count = _process_info(process_index, process_count)

@@ -1,0 +1,188 @@
+"""launch.preprocess -> ArrayRecord shards -> data.source=arrayrecord, and bad input."""
+import gzip
+import json
+import os
+
+import numpy as np
+import pytest
+
+from launch import preprocess
+from launch.data import arrayrecord
+from launch.data import badinput
+from launch.data import pipeline as pipeline_lib
+from launch.data import tokenization
+from tests.launch.data_helpers import assert_batches_equal, make_config, spm, spm_path, take  # noqa: F401
+
+
+def _docs(n, words=60):
+  rng = np.random.default_rng(0)
+  vocab = ["alpha", "beta", "gamma", "delta", "the", "cat", "sat", "on", "mat", "runs."]
+  return ["\n".join(" ".join(rng.choice(vocab, words // 4)) for _ in range(4))
+          for _ in range(n)]
+
+
+def _text_corpus(tmp_path, n=60):
+  path = tmp_path / "corpus.txt"
+  path.write_text("\n\n".join(_docs(n)))
+  return str(path)
+
+
+def _config(spm_path, files, **kw):
+  kw.setdefault("eval_fraction", 0.1)
+  c = make_config(tokenizer_kind="sentencepiece", tokenizer_path=spm_path, source="text",
+                  files=files, **kw)
+  return c
+
+
+def _ar_config(c, out):
+  c = make_config(tokenizer_kind=c.tokenizer.kind, tokenizer_path=c.tokenizer.path,
+                  source="arrayrecord", path=out, seq_len=c.data.seq_len,
+                  packing=c.data.packing)
+  return c
+
+
+def test_row_codec_roundtrip_documents_and_pairs(spm):
+  from launch.data import packing, tokenized
+  from objectives import pairs
+  tok = tokenized.tokenize_documents(spm, _docs(8), "sentence")
+  for rows, label in [(packing.pack_documents(tok, spm, 32), None),
+                      (pairs.build_pairs(tok, spm, 32, task="nsp"), "next_sentence_label")]:
+    dec = arrayrecord.RowDecoder(32, "uint16", spm.vocab_size, spm.cls_id, spm.sep_id,
+                                 spm.pad_id, spm.word_start, label)
+    for i in range(min(len(rows), 6)):
+      row = rows(i) if label is None else rows(i, np.random.default_rng(i))
+      back = dec(arrayrecord.encode_row(row, "uint16", label))
+      assert back.keys() == row.keys()
+      for k in row:
+        np.testing.assert_array_equal(back[k], row[k], err_msg=k)
+    with pytest.raises(ValueError, match="not a row record"):
+      dec(arrayrecord.encode_row(row, "uint16", label)[:-1])
+
+
+def _preprocess_and_train(spm_path, tmp_path, workers, monkeypatch=None):
+  out = str(tmp_path / "shards")
+  c = _config(spm_path, _text_corpus(tmp_path), packing="documents")
+  m = preprocess.preprocess(c, out, workers=workers, docs_per_shard=20, progress=False)
+  assert len(m["shards"]["train"]) >= 2 and m["totals"]["train"]["rows"] > 0
+  assert m["tokenizer"]["fingerprint"] == tokenization.load_sentencepiece(spm_path).fingerprint()
+  assert m["totals"]["train"]["documents"] + m["totals"]["eval"]["documents"] == 60
+  mtimes = {f: os.stat(os.path.join(out, f)).st_mtime_ns for f in os.listdir(out)
+            if f.endswith(".arrayrecord")}
+  again = preprocess.preprocess(c, out, workers=1, docs_per_shard=20, progress=False)
+  assert again["shards"] == m["shards"]  # finished shards are reused, not rewritten
+  assert mtimes == {f: os.stat(os.path.join(out, f)).st_mtime_ns for f in mtimes}
+  with pytest.raises(ValueError, match="other settings"):
+    preprocess.preprocess(c, out, workers=1, docs_per_shard=7, progress=False)
+
+  ac = _ar_config(c, out)
+  if monkeypatch:  # nothing is read as text or tokenized at start-up
+    from launch.data import sources, tokenized
+    for mod, name in [(tokenized, "tokenize_documents"), (sources, "load_documents")]:
+      monkeypatch.setattr(mod, name, lambda *a, **k: pytest.fail("tokenized at start-up"))
+  p = pipeline_lib.make_pipeline(ac, None, process_index=0, process_count=1)
+  assert p.stats["train_rows"] == m["totals"]["train"]["rows"] and not p.stats["bad_data"]
+  # The rows equal the in-memory pipeline's packing of the same tokens (per shard).
+  first = p._train_rows(0)
+  assert first["input_ids"][0] == p.tokenizer.cls_id and first["segment_ids"][0] == 1
+  it = p.train_iter()
+  take(it, 2)
+  state = it.get_state()
+  expected = take(it, 3)
+  assert_batches_equal(take(p.train_iter(start_state=json.loads(json.dumps(state))), 3),
+                       expected)
+  # Two processes read disjoint shares that together make one epoch.
+  shares = [pipeline_lib.make_pipeline(ac, None, process_index=i, process_count=2)
+            for i in range(2)]
+  ids = [{tuple(b["input_ids"][r]) for b in take(s.train_iter(), s.steps_per_epoch)
+          for r in range(s.batch_size)} for s in shares]
+  assert ids[0] and ids[1] and not ids[0] & ids[1]
+
+
+def test_preprocess_then_train_rows_resume_and_skip_finished(spm_path, tmp_path,
+                                                            monkeypatch):
+  _preprocess_and_train(spm_path, tmp_path, workers=1, monkeypatch=monkeypatch)
+
+
+@pytest.mark.slow
+def test_preprocess_with_worker_processes(spm_path, tmp_path):
+  _preprocess_and_train(spm_path, tmp_path, workers=2)
+
+
+def test_arrayrecord_config_mismatch_is_an_error(spm_path, tmp_path):
+  out = str(tmp_path / "s")
+  c = _config(spm_path, _text_corpus(tmp_path, 30), packing="documents")
+  preprocess.preprocess(c, out, workers=1, docs_per_shard=50, progress=False)
+  ac = _ar_config(c, out)
+  ac.data.seq_len = 48
+  with pytest.raises(ValueError, match="seq_len"):
+    pipeline_lib.make_pipeline(ac, None, process_index=0, process_count=1)
+  with pytest.raises(ValueError, match="no manifest.json"):
+    pipeline_lib.make_pipeline(_ar_config(c, str(tmp_path)), None, process_index=0,
+                               process_count=1)
+
+
+def test_pairs_shards_carry_the_label(spm_path, tmp_path):
+  out = str(tmp_path / "p")
+  c = _config(spm_path, _text_corpus(tmp_path, 40), packing="pairs")
+  m = preprocess.preprocess(c, out, workers=1, docs_per_shard=100, progress=False)
+  assert m["label_key"] == "next_sentence_label"
+  p = pipeline_lib.make_pipeline(_ar_config(c, out), None, process_index=0, process_count=1)
+  labels = np.concatenate([b["next_sentence_label"] for b in take(p.train_iter(), 4)])
+  assert set(labels.tolist()) == {0, 1}
+
+
+def _bad_files(tmp_path):
+  d = tmp_path / "bad"
+  d.mkdir()
+  good = "\n\n".join(_docs(12)).encode()
+  (d / "a_good.txt").write_bytes(good)
+  (d / "b_latin1.txt").write_bytes(b"fine text here.\n\ncaf\xe9 au lait\n\nmore fine text.")
+  lines = [json.dumps({"text": t}) for t in _docs(6)] + [json.dumps({"text": ""}),
+                                                         "{not json", json.dumps({"x": 1})]
+  (d / "c.jsonl.gz").write_bytes(gzip.compress("\n".join(lines).encode()))
+  (d / "d_huge.txt").write_bytes(b"short doc.\n\n" + b"x" * 2_000_000 + b"\n\nend doc.")
+  return str(d / "*")
+
+
+def test_bad_documents_are_counted_or_named(spm_path, tmp_path):
+  files = _bad_files(tmp_path)
+  c = _config(spm_path, files, packing="documents", max_document_bytes=1_000_000)
+  m = preprocess.preprocess(c, str(tmp_path / "o"), workers=1, docs_per_shard=100,
+                            progress=False)
+  assert {k: v for k, v in m["bad_data"].items() if v} == {
+      "non_utf8": 1, "empty": 1, "bad_json": 2, "too_long": 1}
+  docs = m["totals"]["train"]["documents"] + m["totals"]["eval"]["documents"]
+  assert docs == 12 + 2 + 6 + 2
+  c.data.bad_data = "error"
+  with pytest.raises(badinput.BadDataError, match=r"non_utf8.*b_latin1.txt at byte 20"):
+    preprocess.preprocess(c, str(tmp_path / "o2"), workers=1, progress=False)
+
+
+def test_corrupt_shard_skipped_or_named(spm_path, tmp_path):
+  out = tmp_path / "s"
+  c = _config(spm_path, _text_corpus(tmp_path, 60), packing="documents", eval_fraction=0.0)
+  m = preprocess.preprocess(c, str(out), workers=1, docs_per_shard=20, progress=False)
+  victim = out / m["shards"]["train"][1]["file"]
+  victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # truncated
+  ac = _ar_config(c, str(out))
+  p = pipeline_lib.make_pipeline(ac, None, process_index=0, process_count=1)
+  assert p.stats["bad_data"] == {"corrupt_shard": 1}
+  assert p.stats["train_rows"] == m["totals"]["train"]["rows"] - m["shards"]["train"][1]["rows"]
+  ac.data.bad_data = "error"
+  with pytest.raises(badinput.BadDataError, match=f"corrupt_shard.*{victim.name}"):
+    pipeline_lib.make_pipeline(ac, None, process_index=0, process_count=1)
+
+
+def test_corrupt_record_becomes_padding_or_error(spm):
+  dec = arrayrecord.RowDecoder(16, "uint16", spm.vocab_size, spm.cls_id, spm.sep_id,
+                               spm.pad_id, spm.word_start, None)
+
+  class Broken(arrayrecord.ShardRows):
+    def _reader(self, s):
+      raise OSError("checksum mismatch")
+
+  rows = Broken(["/x/train-00000.arrayrecord"], [3], dec, "skip")
+  row = rows(2)
+  assert not row["segment_ids"].any() and row["special_tokens_mask"].all()
+  with pytest.raises(badinput.BadDataError, match="train-00000.arrayrecord record 2"):
+    Broken(["/x/train-00000.arrayrecord"], [3], dec, "error")(2)
