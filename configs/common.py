@@ -118,6 +118,12 @@ def base_config():
   c.train.log_every = 50
   c.train.eval_every = 500
   c.train.eval_batches = 8
+  # A NaN/inf loss or gradient norm, or a gradient-norm spike (launch/trainer/guard.py):
+  # stop (the update is not applied; the run stops with an error before the next
+  # checkpoint) | skip (not applied, counted in skipped_nonfinite / skipped_spike) | off
+  c.train.nonfinite_policy = "stop"
+  c.train.grad_spike_factor = 0.0  # > 1: a norm above factor x its running mean is a spike
+  c.train.grad_spike_warmup = 100  # accepted steps before spikes are looked for
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices

@@ -15,6 +15,8 @@ import logging
 import grain
 import orbax.checkpoint as ocp
 
+from launch.trainer import guard
+
 log = logging.getLogger("encoder_zoo")
 
 
@@ -54,6 +56,7 @@ class Manager:
     return self.mngr.latest_step()
 
   def save(self, step: int, state, data_state: dict):
+    guard.assert_finite(state, step)  # a checkpoint holding NaN/inf is never written
     self.mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=grain.checkpoint.CheckpointSave(_IteratorSnapshot(data_state))))

@@ -15,6 +15,7 @@ import objectives
 from launch import data as data_lib
 from launch import devices as devices_lib
 from launch.trainer import checkpoint as ckpt_lib
+from launch.trainer import guard as guard_lib
 from launch.trainer import metrics as metrics_lib
 from launch.trainer import sharding as shard_lib
 from launch.trainer.state import Setup, build
@@ -157,6 +158,7 @@ def train_and_evaluate(config, workdir: str, devices=None,
       for s in jax.device_get(pending):
         host = losses.add_metrics(host, s)
       n = step - progress.last_step
+      guard_lib.check(host, config.train, step, step - n)  # train.nonfinite_policy=stop
       lr, gnorm = float(host.pop("learning_rate")) / n, float(host.pop("grad_norm")) / n
       train_metrics = losses.finalize_metrics({k: float(v) for k, v in host.items()})
       train_metrics.update(learning_rate=lr, grad_norm=gnorm, **progress.update(step))
@@ -166,6 +168,7 @@ def train_and_evaluate(config, workdir: str, devices=None,
       last_eval = evaluate(setup, state, eval_batches)
       writer.write(step, "eval", last_eval)
     if step % config.checkpoint.every == 0 or step == last or stop.requested:
+      guard_lib.check_pending(pending, config.train, step, progress.last_step)
       manager.save(step, state, train_iter.get_state())
     if stop.requested:
       log.info("stop requested: checkpoint of step %d saved, exiting", step)

@@ -18,6 +18,7 @@ import ml_collections
 import optax
 
 import objectives
+from launch.trainer import guard
 from launch.trainer import optim
 from launch.trainer import sharding as shard_lib
 from launch.trainer.step import TrainState, make_eval_step, make_train_step
@@ -60,6 +61,7 @@ def build(config, tokenizer, devices=None) -> Setup:
   accum = int(opt_cfg.grad_accum_steps)
   opt_cfg.grad_accum_steps = 1  # accumulation happens inside the step (step.gradients)
   tx, schedule = optim.make_optimizer(opt_cfg, config.train.steps)
+  tx = guard.wrap(tx, config.train)  # gradient-norm spike detection, when configured
   if config.data.global_batch % (accum * jax.process_count()):
     raise ValueError(f"data.global_batch={config.data.global_batch} must divide into "
                      f"grad_accum_steps={accum} micro-batches on every process")
@@ -108,7 +110,7 @@ def build(config, tokenizer, devices=None) -> Setup:
 
   batch_sharding = shard_lib.batch_sharding(mesh, rules)
   train_step = shard_lib.MeshJit(mesh, jax.jit(
-      with_rules(make_train_step(objective, tx, schedule, accum)),
+      with_rules(make_train_step(objective, tx, schedule, accum, config.train)),
       in_shardings=(state_shardings, batch_sharding),
       out_shardings=(state_shardings, replicated), donate_argnums=0))
   eval_step = shard_lib.MeshJit(mesh, jax.jit(

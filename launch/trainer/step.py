@@ -67,7 +67,8 @@ def gradients(objective, trained, frozen, batch, rng, accum: int):
   return grads, sums
 
 
-def make_train_step(objective, tx, schedule, accum: int):
+def make_train_step(objective, tx, schedule, accum: int, train_cfg=None):
+  from launch.trainer import guard  # pylint: disable=g-import-not-at-top
   def train_step(state: TrainState, batch):
     transform_rng, rng = jax.random.split(jax.random.fold_in(state.rng, state.step))
     batch = objective.transform(batch, transform_rng)
@@ -75,6 +76,9 @@ def make_train_step(objective, tx, schedule, accum: int):
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     sums = dict(sums, grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step))
+    if train_cfg is not None:  # NaN/inf or spike: undo and count the update (guard.py)
+      params, opt_state, sums = guard.select(train_cfg, state.params, state.opt_state,
+                                             params, opt_state, sums)
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), sums
   return train_step
 
