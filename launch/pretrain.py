@@ -21,6 +21,9 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                    "multi-process: host:port of process 0")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "multi-process: process count")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "multi-process: this process's id")
+_MULTIHOST = flags.DEFINE_bool(
+    "multihost", False, "call jax.distributed.initialize() with peers found from the "
+    "environment (Cloud TPU slices, GKE, SLURM); set by the launch.cloud launchers")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -32,7 +35,8 @@ def main(argv):
     # the setting is ignored by TPU and GPU backends.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  elif os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("SLURM_JOB_ID"):
+  elif (_MULTIHOST.value or os.environ.get("TPU_WORKER_HOSTNAMES")
+        or os.environ.get("SLURM_JOB_ID")):
     jax.distributed.initialize()  # Cloud TPU pods / SLURM: discovered from the environment
   from absl import logging as absl_logging
   absl_logging.set_verbosity(absl_logging.INFO)
