@@ -62,15 +62,27 @@ class Manager:
         data=grain.checkpoint.CheckpointSave(_IteratorSnapshot(data_state))))
 
   def restore_latest(self, abstract_state):
-    """-> (state placed on abstract_state's shardings, data iterator state) or None."""
-    step = self.mngr.latest_step()
-    if step is None:
-      return None
-    log.info("restoring checkpoint of step %d", step)
-    out = self.mngr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state),
-        data=grain.checkpoint.CheckpointRestore(_IteratorSnapshot())))
-    return out["state"], out["data"].state()
+    """-> (state placed on abstract_state's shardings, data iterator state) or None.
+
+    Only committed steps count (an interrupted save leaves a temporary directory, which
+    is ignored); a committed step that still fails to restore (a torn copy, a storage
+    fault) is skipped with a warning for the step before it.
+    """
+    steps = sorted(self.mngr.all_steps(), reverse=True)
+    for i, step in enumerate(steps):
+      log.info("restoring checkpoint of step %d", step)
+      try:
+        out = self.mngr.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state),
+            data=grain.checkpoint.CheckpointRestore(_IteratorSnapshot())))
+        return out["state"], out["data"].state()
+      except Exception as e:  # pylint: disable=broad-except
+        if i + 1 == len(steps):
+          raise
+        log.warning("checkpoint of step %d does not restore (%s: %s); using step %d",
+                    step, type(e).__name__, str(e).splitlines()[0] if str(e) else "",
+                    steps[i + 1])
+    return None
 
   def wait(self):
     self.mngr.wait_until_finished()

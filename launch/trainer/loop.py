@@ -17,6 +17,7 @@ from launch import devices as devices_lib
 from launch.trainer import checkpoint as ckpt_lib
 from launch.trainer import guard as guard_lib
 from launch.trainer import metrics as metrics_lib
+from launch.trainer import preemption as preemption_lib
 from launch.trainer import sharding as shard_lib
 from launch.trainer.state import Setup, build
 from launch.trainer.step import eval_key
@@ -70,20 +71,6 @@ def baselines(setup: Setup, pipeline, eval_batches) -> Dict[str, Any]:
   train_batches = [next(it) for _ in range(n)]
   items = [(b, eval_key(i)) for i, b in enumerate(eval_batches)]
   return setup.objective.baselines(train_batches, items)
-
-
-class _StopFlag:
-  """Set by SIGTERM (spot/preemptible VMs get one before they go): the loop finishes the
-  current step, saves a checkpoint and returns; rerunning the command resumes."""
-
-  def __init__(self):
-    self.requested = False
-
-  def install(self):
-    import signal
-    import threading
-    if threading.current_thread() is threading.main_thread():
-      signal.signal(signal.SIGTERM, lambda *_: setattr(self, "requested", True))
 
 
 def train_and_evaluate(config, workdir: str, devices=None,
@@ -144,7 +131,7 @@ def train_and_evaluate(config, workdir: str, devices=None,
   pending = []
   total_steps = config.train.steps
   last_eval = {}
-  stop = _StopFlag()
+  stop = preemption_lib.StopFlag()  # multi-process: all stop at one agreed step
   stop.install()
   last = min(total_steps, stop_after) if stop_after is not None else total_steps
   step = first
@@ -153,6 +140,7 @@ def train_and_evaluate(config, workdir: str, devices=None,
     objective.check_batch(local)
     state, sums = setup.train_step(state, shard_lib.global_batch(local, setup.batch_sharding))
     pending.append(sums)  # device arrays; fetched only when logging (no per-step sync)
+    stop.poll(step)
     if step % config.train.log_every == 0 or step == total_steps:
       host = {}
       for s in jax.device_get(pending):
