@@ -132,14 +132,30 @@ def _weights(workdir):
   return load_file(os.path.join(workdir, "hf", "model.safetensors"))
 
 
+def _prepared_workdir(path, steps):
+  """A workdir whose tokenizer and token cache exist: under load, training the tokenizer
+  on process 0 while process 1 waits can outlast gloo's connect timeout."""
+  from configs import bert
+  from launch import data as data_lib
+  c = bert.get_config("tiny").unlock()
+  for o in [*OVERRIDES, f"--config.train.steps={steps}"]:
+    key, value = o.removeprefix("--config.").split("=")
+    section, name = key.split(".")
+    kind = type(c[section][name])
+    c[section][name] = value == "True" if kind is bool else kind(value)
+  data_lib.make_pipeline(c, path, process_index=0, process_count=1)
+  return path
+
+
 @pytest.mark.slow  # three two-process runs: minutes under load
 def test_sigterm_to_one_process_saves_one_step_everywhere_and_resumes_exactly(tmp_path):
   steps = 120
+  template = _prepared_workdir(str(tmp_path / "template"), steps)
   ref = str(tmp_path / "ref")
+  shutil.copytree(template, ref)
   _finish(*_launch(ref, steps, "ref"))
   wd = str(tmp_path / "run")
-  os.makedirs(wd)
-  shutil.copytree(os.path.join(ref, "tokenizer"), os.path.join(wd, "tokenizer"))
+  shutil.copytree(template, wd)
   procs, logs = _launch(wd, steps, "pre")
   deadline = time.time() + 300
   while True:  # wait until training runs, then preempt process 1 only

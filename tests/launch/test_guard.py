@@ -26,7 +26,7 @@ def test_select_undoes_a_nonfinite_update_and_counts_it():
   old, new = {"w": jnp.ones(3)}, {"w": jnp.full(3, 2.0)}
   sums = {"mlm_loss_sum": jnp.float32(np.nan), "grad_norm": jnp.float32(1.0),
           "learning_rate": jnp.float32(0.1)}
-  p, o, s = guard.select(_cfg(), old, (), new, (), sums)
+  p, _, s = guard.select(_cfg(), old, (), new, (), sums)
   np.testing.assert_array_equal(p["w"], old["w"])
   assert float(s["skipped_nonfinite"]) == 1 and float(s["mlm_loss_sum"]) == 0
   assert float(s["learning_rate"]) == np.float32(0.1)

@@ -1,4 +1,5 @@
 """launch.preprocess -> ArrayRecord shards -> data.source=arrayrecord, and bad input."""
+import copy
 import gzip
 import json
 import os
@@ -83,6 +84,9 @@ def _preprocess_and_train(spm_path, tmp_path, workers, monkeypatch=None):
   assert p.stats["train_rows"] == m["totals"]["train"]["rows"] and not p.stats["bad_data"]
   # The rows equal the in-memory pipeline's packing of the same tokens (per shard).
   first = p._train_rows(0)
+  clone = copy.deepcopy(p._train_rows)  # as sent to Grain worker processes: no open readers
+  assert not clone._readers
+  np.testing.assert_array_equal(clone(0)["input_ids"], first["input_ids"])
   assert first["input_ids"][0] == p.tokenizer.cls_id and first["segment_ids"][0] == 1
   it = p.train_iter()
   take(it, 2)
@@ -186,3 +190,18 @@ def test_corrupt_record_becomes_padding_or_error(spm):
   assert not row["segment_ids"].any() and row["special_tokens_mask"].all()
   with pytest.raises(badinput.BadDataError, match="train-00000.arrayrecord record 2"):
     Broken(["/x/train-00000.arrayrecord"], [3], dec, "error")(2)
+
+
+@pytest.mark.slow  # builds a TFDS dataset: over a minute under load
+def test_tfds_source_is_preprocessed(spm_path, tmp_path):
+  from tests.launch.test_data import _build_tiny_tfds
+  name = _build_tiny_tfds(str(tmp_path / "tfds"))
+  c = make_config(tokenizer_kind="sentencepiece", tokenizer_path=spm_path, source="tfds",
+                  tfds_name=name, tfds_data_dir=str(tmp_path / "tfds"),
+                  eval_split="validation", max_documents=-1, packing="documents")
+  m = preprocess.preprocess(c, str(tmp_path / "o"), workers=1, progress=False)
+  assert m["totals"]["train"]["documents"] == 30 and m["totals"]["eval"]["documents"] == 4
+  p = pipeline_lib.make_pipeline(_ar_config(c, str(tmp_path / "o")), None, process_index=0,
+                                 process_count=1)
+  assert "tiny set" in p.tokenizer.decode(next(p.train_iter())["input_ids"].ravel())
+  assert p.eval_batches(1)
