@@ -113,6 +113,7 @@ class ShardRows:
     self.offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
     self.label_key = decoder.label_key
     self._readers = {}
+    self._bad = badinput.BadData(policy)  # counts per process (each Grain worker its own)
 
   def __getstate__(self):
     return {k: v for k, v in self.__dict__.items() if k != "_readers"}
@@ -135,8 +136,7 @@ class ShardRows:
     try:
       return self.decoder(self._reader(s).read([local])[0])
     except Exception as e:  # pylint: disable=broad-except
-      bad = badinput.BadData(self.policy)
-      bad.report("corrupt_record", f"shard {self.paths[s]} record {local}", str(e))
+      self._bad.report("corrupt_record", f"shard {self.paths[s]} record {local}", str(e))
       d = self.decoder
       return packing_lib.padding_row(d.seq_len, d.pad_id, d.label_key)
 
@@ -200,6 +200,10 @@ def make_pipeline(config, workdir, *, process_index: int, process_count: int):
   if not path:
     raise ValueError("data.source='arrayrecord' needs data.path (the --out of "
                      "launch.preprocess)")
+  if "://" in path:
+    raise ValueError(f"data.path={path!r}: shards are read with random access from a file "
+                     "path; mount the bucket (gcsfuse) or copy the shards to local disk and "
+                     "point data.path there (launch.preprocess itself can write to gs://)")
   manifest = read_manifest(path)
   for key in ("seq_len", "packing"):
     if manifest[key] != data[key]:
@@ -232,7 +236,8 @@ def make_pipeline(config, workdir, *, process_index: int, process_count: int):
            "source": "arrayrecord", "shards": len(rows["train"].paths),
            "bad_data": {k: v for k, v in bad.counts.items() if v},
            "startup_s": round(time.perf_counter() - t0, 3)}
-  fp_spec = {"manifest": manifest["fingerprint"], "shards": rows["train"].paths,
+  fp_spec = {"manifest": manifest["fingerprint"],
+             "shards": [p.rsplit("/", 1)[-1] for p in rows["train"].paths],
              "seed": int(data.shuffle_seed), "global_batch": int(data.global_batch),
              "num_epochs": int(data.num_epochs), "process": [process_index, process_count],
              "worker_count": int(data.worker_count)}

@@ -120,6 +120,9 @@ def test_arrayrecord_config_mismatch_is_an_error(spm_path, tmp_path):
   ac.data.seq_len = 48
   with pytest.raises(ValueError, match="seq_len"):
     pipeline_lib.make_pipeline(ac, None, process_index=0, process_count=1)
+  with pytest.raises(ValueError, match="gcsfuse"):
+    pipeline_lib.make_pipeline(_ar_config(c, "gs://bucket/shards"), None, process_index=0,
+                               process_count=1)
   with pytest.raises(ValueError, match="no manifest.json"):
     pipeline_lib.make_pipeline(_ar_config(c, str(tmp_path)), None, process_index=0,
                                process_count=1)
