@@ -12,7 +12,11 @@ def _define_flags():
   if "mode" in flags.FLAGS:
     return flags.FLAGS
   config_flags.DEFINE_config_file("config", None, "config file[:arg]", lock_config=True)
-  flags.DEFINE_enum("mode", "train", ["forward", "train"], "what to time")
+  flags.DEFINE_enum("mode", "train", ["forward", "train", "loop"], "what to time (loop: "
+                    "the whole training loop, launch/bench/loop.py)")
+  flags.DEFINE_integer("steps", 100, "--mode loop: training steps (the first not timed)")
+  flags.DEFINE_string("workdir", "", "--mode loop: run directory (default: a temporary "
+                      "one; a kept one caches the tokenizer and data for the next run)")
   flags.DEFINE_integer("batch", 8, "rows per step (the global batch)")
   flags.DEFINE_integer("seq", 0, "sequence length (0: config.data.seq_len)")
   flags.DEFINE_integer("iters", 10, "timed iterations (with --packed: documents = "
@@ -39,7 +43,12 @@ def main(argv):
   if F.packed and F.compare_hf:
     raise SystemExit("--packed and --compare-hf do not combine: transformers' BERT has no "
                      "segment-aware attention for packed rows")
-  if F.packed:
+  if F.mode == "loop":
+    if F.packed:
+      raise SystemExit("--mode loop times the pipeline's own rows; --packed does not apply")
+    from launch.bench import loop
+    result = loop.bench_loop(config, F.steps, F.compare_hf, F.workdir)
+  elif F.packed:
     result = runs.bench_packed(config, F.packed, F.mode, F.batch, F.seq, F.iters,
                                F.pad_multiple, F.passes, F.seed)
   else:
