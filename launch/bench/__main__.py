@@ -28,6 +28,8 @@ def _define_flags():
   flags.DEFINE_integer("pad_multiple", 16, "--packed: pad each batch to a multiple of this")
   flags.DEFINE_integer("passes", 2, "--packed: timed passes over the documents (best kept)")
   flags.DEFINE_integer("seed", 0, "seed of the synthetic batches")
+  flags.DEFINE_enum("malloc", "tuned", ["tuned", "system"], "host allocator: tuned "
+                    "(launch/hostmem.py, as launch.pretrain) or glibc's defaults")
   flags.DEFINE_string("json", "", "also write the full result to this JSON file")
   flags.mark_flag_as_required("config")
   return flags.FLAGS
@@ -39,6 +41,9 @@ def main(argv):
   for noisy in ("absl", "jax", "orbax"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   F = _define_flags()
+  if F.malloc == "tuned":  # before JAX's CPU client starts (launch/hostmem.py)
+    from launch import hostmem
+    hostmem.tune_malloc()
   config = F.config
   if F.packed and F.compare_hf:
     raise SystemExit("--packed and --compare-hf do not combine: transformers' BERT has no "
@@ -55,6 +60,7 @@ def main(argv):
     result = runs.bench_step(config, F.mode, F.batch, F.seq, F.iters, F.warmup,
                              F.compare_hf, F.seed)
   result["machine"] = runinfo.machine_info()
+  result["malloc"] = F.malloc
   result["command"] = "python -m launch.bench " + " ".join(sys.argv[1:])
   print(report.format_report(result))
   if F.json:
