@@ -7,6 +7,8 @@ implementation of the same model in the same run.
   python -m launch.bench --config configs/roberta.py:base --mode train \\
       --packed=lognormal:32:1.0                       # packed vs padded documents
   ... [--iters 10 --warmup 2 --json out.json --config.model.attention_impl=einsum ...]
+  python -m launch.bench --config configs/bert.py:tiny --mode loop --steps 100 \
+      --compare-hf --workdir /tmp/loop_wd          # the whole training loop (loop.py)
 
 How it measures:
 - forward: the objective's inference forward (`model.apply` on every position, all heads
@@ -48,7 +50,13 @@ How it measures:
   variants process exactly those documents; every shape is compiled and run once before
   the timed passes (`--passes`, best pass reported).
 
-Layout: models.py (ours and theirs), runs.py (the runs), report.py, __main__.py (CLI).
+- loop: see launch/bench/loop.py (the real trainer loop by phase, CPU time and page
+  faults, next to a same-work transformers loop). Every mode runs with the host
+  allocator of launch/hostmem.py, as launch.pretrain does (`--malloc system`: glibc's
+  defaults).
+
+Layout: models.py (ours and theirs), runs.py (the runs), loop.py (--mode loop),
+report.py, __main__.py (CLI).
 """
 from launch.bench.models import Ours, Theirs
 from launch.bench.report import format_report

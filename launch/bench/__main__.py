@@ -12,7 +12,11 @@ def _define_flags():
   if "mode" in flags.FLAGS:
     return flags.FLAGS
   config_flags.DEFINE_config_file("config", None, "config file[:arg]", lock_config=True)
-  flags.DEFINE_enum("mode", "train", ["forward", "train"], "what to time")
+  flags.DEFINE_enum("mode", "train", ["forward", "train", "loop"], "what to time (loop: "
+                    "the whole training loop, launch/bench/loop.py)")
+  flags.DEFINE_integer("steps", 100, "--mode loop: training steps (the first not timed)")
+  flags.DEFINE_string("workdir", "", "--mode loop: run directory (default: a temporary "
+                      "one; a kept one caches the tokenizer and data for the next run)")
   flags.DEFINE_integer("batch", 8, "rows per step (the global batch)")
   flags.DEFINE_integer("seq", 0, "sequence length (0: config.data.seq_len)")
   flags.DEFINE_integer("iters", 10, "timed iterations (with --packed: documents = "
@@ -24,6 +28,8 @@ def _define_flags():
   flags.DEFINE_integer("pad_multiple", 16, "--packed: pad each batch to a multiple of this")
   flags.DEFINE_integer("passes", 2, "--packed: timed passes over the documents (best kept)")
   flags.DEFINE_integer("seed", 0, "seed of the synthetic batches")
+  flags.DEFINE_enum("malloc", "tuned", ["tuned", "system"], "host allocator: tuned "
+                    "(launch/hostmem.py, as launch.pretrain) or glibc's defaults")
   flags.DEFINE_string("json", "", "also write the full result to this JSON file")
   flags.mark_flag_as_required("config")
   return flags.FLAGS
@@ -35,17 +41,26 @@ def main(argv):
   for noisy in ("absl", "jax", "orbax"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   F = _define_flags()
+  if F.malloc == "tuned":  # before JAX's CPU client starts (launch/hostmem.py)
+    from launch import hostmem
+    hostmem.tune_malloc()
   config = F.config
   if F.packed and F.compare_hf:
     raise SystemExit("--packed and --compare-hf do not combine: transformers' BERT has no "
                      "segment-aware attention for packed rows")
-  if F.packed:
+  if F.mode == "loop":
+    if F.packed:
+      raise SystemExit("--mode loop times the pipeline's own rows; --packed does not apply")
+    from launch.bench import loop
+    result = loop.bench_loop(config, F.steps, F.compare_hf, F.workdir)
+  elif F.packed:
     result = runs.bench_packed(config, F.packed, F.mode, F.batch, F.seq, F.iters,
                                F.pad_multiple, F.passes, F.seed)
   else:
     result = runs.bench_step(config, F.mode, F.batch, F.seq, F.iters, F.warmup,
                              F.compare_hf, F.seed)
   result["machine"] = runinfo.machine_info()
+  result["malloc"] = F.malloc
   result["command"] = "python -m launch.bench " + " ".join(sys.argv[1:])
   print(report.format_report(result))
   if F.json:

@@ -27,6 +27,9 @@ def format_report(r: Dict[str, Any]) -> str:
     lines.append(f"machine: {m.get('cpu')} ({m.get('cpu_cores')} cores), jax "
                  f"{m.get('platform')} x{m.get('devices')} {m.get('device_kind')}, "
                  f"{m.get('date')}")
+  if r["mode"] == "loop":
+    from launch.bench import loop  # pylint: disable=g-import-not-at-top
+    return "\n".join(lines + loop.format_loop(r))
   lines.append(f"peak per device: {_fmt_rate(r['peak_flops_per_device'])}"
                + (" (measured dense matmul)" if m.get("platform") == "cpu" else ""))
   if "ours" in r:

@@ -17,6 +17,7 @@ from launch import devices as devices_lib
 from launch.trainer import checkpoint as ckpt_lib
 from launch.trainer import guard as guard_lib
 from launch.trainer import metrics as metrics_lib
+from launch.trainer import phases as phases_lib
 from launch.trainer import preemption as preemption_lib
 from launch.trainer import sharding as shard_lib
 from launch.trainer.state import Setup, build
@@ -74,9 +75,11 @@ def baselines(setup: Setup, pipeline, eval_batches) -> Dict[str, Any]:
 
 
 def train_and_evaluate(config, workdir: str, devices=None,
-                       stop_after: Optional[int] = None) -> Dict[str, Any]:
+                       stop_after: Optional[int] = None,
+                       phases=None) -> Dict[str, Any]:
   """Runs (or resumes) a pretraining job in `workdir` on `devices` (default: all);
-  `stop_after` ends the run early at that step with a checkpoint, as a preemption would.
+  `stop_after` ends the run early at that step with a checkpoint, as a preemption would;
+  `phases` (launch/trainer/phases.py) times the parts of the step body.
   Returns {"state", "eval" (final held-out metrics), "setup", "step"}."""
   if "://" not in workdir:  # Orbax needs absolute local paths; gs:// paths pass through
     workdir = os.path.abspath(workdir)
@@ -135,13 +138,22 @@ def train_and_evaluate(config, workdir: str, devices=None,
   stop.install()
   last = min(total_steps, stop_after) if stop_after is not None else total_steps
   step = first
+  ph = phases or phases_lib.NULL
   for step in range(first + 1, last + 1):
-    local = spec.select(next(train_iter))
-    objective.check_batch(local)
-    state, sums = setup.train_step(state, shard_lib.global_batch(local, setup.batch_sharding))
+    with ph("input"):
+      local = spec.select(next(train_iter))
+      objective.check_batch(local)
+    with ph("host_to_device"):
+      batch = shard_lib.global_batch(local, setup.batch_sharding)
+    with ph("step"):
+      state, sums = setup.train_step(state, batch)
+    ph.step_dispatched(step)
     pending.append(sums)  # device arrays; fetched only when logging (no per-step sync)
     stop.poll(step)
     if step % config.train.log_every == 0 or step == total_steps:
+      with ph("device_wait"):
+        jax.block_until_ready(pending)
+      ph.start("metrics")
       host = {}
       for s in jax.device_get(pending):
         host = losses.add_metrics(host, s)
@@ -152,16 +164,21 @@ def train_and_evaluate(config, workdir: str, devices=None,
       train_metrics.update(learning_rate=lr, grad_norm=gnorm, **progress.update(step))
       writer.write(step, "train", train_metrics)
       pending = []
+      ph.stop("metrics")
     if eval_batches and (step % config.train.eval_every == 0 or step == total_steps):
-      last_eval = evaluate(setup, state, eval_batches)
-      writer.write(step, "eval", last_eval)
+      with ph("eval"):
+        last_eval = evaluate(setup, state, eval_batches)
+        writer.write(step, "eval", last_eval)
     if step % config.checkpoint.every == 0 or step == last or stop.requested:
       guard_lib.check_pending(pending, config.train, step, progress.last_step)
-      manager.save(step, state, train_iter.get_state())
+      with ph("checkpoint"):
+        manager.save(step, state, train_iter.get_state())
     if stop.requested:
       log.info("stop requested: checkpoint of step %d saved, exiting", step)
       break
-  manager.close()
+  with ph("checkpoint"):
+    manager.close()
+  ph.finish()
   if step < total_steps:
     writer.close()
     return {"state": state, "eval": last_eval, "setup": setup, "step": step}
