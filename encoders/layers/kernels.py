@@ -81,16 +81,20 @@ def rotary(x: Array, positions: Array, theta: float) -> Array:
 
 
 def attention_scores_einsum(q, k, v, mask, bias=None, scale=None, dropout_fn=None):
-  """Reference attention: q,k,v (B,T,H,K), mask (B,1|H,T,T) bool, bias (B|1,H|1,T,T)."""
+  """Reference attention: q,k,v (B,T,H,K), mask (B,1|H,T,T) bool, bias (B|1,H|1,T,T).
+  Scores and the probs @ V product accumulate in float32 whatever the input dtype
+  (bfloat16 scores would round QK^T before the softmax; every other path keeps float32
+  scores too), and the context comes back in v's dtype."""
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-  scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32) * scale
+  scores = jnp.einsum("bqhk,bshk->bhqs", q, k, preferred_element_type=jnp.float32) * scale
   if bias is not None:
     scores = scores + bias.astype(jnp.float32)
   scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   if dropout_fn is not None:
     probs = dropout_fn(probs)
-  return jnp.einsum("bhqs,bshk->bqhk", probs, v)
+  return jnp.einsum("bhqs,bshk->bqhk", probs, v,
+                    preferred_element_type=jnp.float32).astype(v.dtype)
 
 
 def attention_head_major(q, k, v, mask, bias=None, scale=None, dropout_fn=None):
