@@ -131,7 +131,9 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
   config.data.seq_len = seq
   if mesh_shape is not None:
     config.mesh.shape = tuple(mesh_shape)
-  base.resolve_auto(config.model, "tpu")  # "auto" means what the target picks, not this host
+  # "auto" means what the target picks for this sequence length, not what this host would
+  attention_choice = base.resolve_attention(config.model, "tpu", seq)
+  base.resolve_auto(config.model, "tpu")
   kind = getattr(devices[0], "device_kind", "")
   per_chip = cores_per_chip(devices)
   capacity = hbm_gib * 2**30 if hbm_gib else hbm_per_chip(kind)
@@ -149,7 +151,7 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
   report: Dict[str, Any] = {
       "topology": topology, "device_kind": kind, "devices": len(devices),
       "devices_per_chip": per_chip, "mesh": dict(setup.mesh.shape),
-      "global_batch": global_batch, "seq": seq,
+      "global_batch": global_batch, "seq": seq, "attention_choice": attention_choice,
       "config": runinfo.config_summary(config, setup.objective),
       "hbm_capacity_bytes": capacity, "peak_flops_per_device": peak}
   try:
@@ -259,6 +261,8 @@ def format_report(r: Dict[str, Any]) -> str:
            f"vocab_pad_multiple={c['vocab_pad_multiple']}",
            f"topology {r['topology']}: {r['devices']} x {r['device_kind']} "
            f"({r['devices_per_chip']} device(s) per chip), mesh {r['mesh']}"]
+  if r.get("attention_choice"):
+    lines.append(r["attention_choice"])
   if "compile_error" in r:
     lines.append(f"DOES NOT FIT: the TPU compiler ran out of memory: {r['compile_error']}")
     return "\n".join(lines)
