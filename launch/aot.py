@@ -12,9 +12,13 @@ abstract batch from the objective's batch spec (launch/synthetic.py), under the 
 context, and compiled by the TPU compiler. From the compiled program:
 - per-device HBM: XLA's buffer assignment (arguments + outputs - donated aliases +
   temporaries + program code), against the chip's capacity (launch/devices.py);
-- XLA's cost-model estimate of the step time (`cost_analysis()["optimal_seconds"]`), and
-  the MFU it implies: the objective's model FLOPs of the step per device / estimated
-  time / the chip's published bf16 peak (per device).
+- the estimated step time, in two parts of different kinds: XLA's cost-model estimate
+  (`cost_analysis()["optimal_seconds"]`) of everything XLA can price, plus a roofline
+  time for the custom calls it cannot see into (the Pallas Splash kernels: FLOPs over
+  peak or bytes over HBM bandwidth, whichever is larger, over a stated efficiency
+  factor; launch/kernel_cost.py says where each number comes from), and the MFU the sum
+  implies: the objective's model FLOPs of the step per device / estimated time / the
+  chip's published bf16 peak (per device).
 Exit status: 0 when the step fits, 1 when it does not (or the compiler runs out of
 memory), 2 for a usage or setup problem (bad topology name, libtpu missing).
 
@@ -30,7 +34,7 @@ import time
 from typing import Any, Dict, Optional, Sequence
 
 from launch import devices as devices_lib
-from launch import runinfo, synthetic
+from launch import kernel_cost, runinfo, synthetic
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL_LIBTPU = os.path.join(_REPO, ".cache", "libtpu", "libtpu", "libtpu.so")
@@ -118,7 +122,9 @@ def _is_oom(e: Exception) -> bool:
 
 def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
                        mesh_shape: Optional[Sequence[int]] = None,
-                       hbm_gib: Optional[float] = None) -> Dict[str, Any]:
+                       hbm_gib: Optional[float] = None,
+                       kernel_efficiency: float = kernel_cost.DEFAULT_EFFICIENCY
+                       ) -> Dict[str, Any]:
   """Builds, lowers and compiles the train step for `topology`; returns the report."""
   import ml_collections
   from encoders import base
@@ -179,10 +185,17 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
   hlo = compiled.as_text() or ""
   report["splash_kernel_in_hlo"] = "splash" in hlo.lower()
   if report["fits"]:
-    est, notes = _step_time_estimate(config, tok, devices, setup, batch, est, hlo)
+    est, notes, priced_hlo = _step_time_estimate(config, tok, devices, setup, batch, est, hlo)
     if notes:
       report["estimate_notes"] = notes
     if est is not None and est > 0:
+      report["xla_priced_s"] = est
+      bandwidth = kernel_cost.hbm_bandwidth(kind)
+      if bandwidth is None:
+        raise AotError(f"HBM bandwidth of {kind!r} is not in launch/kernel_cost.py's table")
+      kernels = kernel_cost.price(priced_hlo, peak, bandwidth / per_chip, kernel_efficiency)
+      report["kernel_roofline"] = kernels
+      est = est + kernels["seconds"]
       report["estimated_step_s"] = est
       report["estimated_tokens_per_s"] = global_batch * seq / est
       report["estimated_mfu"] = (model_flops / len(devices)) / est / peak if peak else None
@@ -204,7 +217,7 @@ def _step_time_estimate(config, tok, devices, setup, batch, est, hlo):
   from launch import trainer
   loops = _has_loop(hlo)
   if est is not None and est > 0 and not loops:
-    return est, []
+    return est, [], hlo
   notes = []
   price_setup = setup
   if loops:
@@ -213,14 +226,14 @@ def _step_time_estimate(config, tok, devices, setup, batch, est, hlo):
     twin.optimizer.grad_accum_steps = 1
     price_setup = trainer.build(twin, tok, devices=devices)
     notes.append("layers unrolled and no accumulation loop (XLA prices a loop body once)")
-    est, loops = _price(price_setup, batch)
+    est, loops, hlo = _price(price_setup, batch)
   if est is None or est <= 0:
-    est, loops = _estimate_without_transform(price_setup, batch)
+    est, loops, hlo = _estimate_without_transform(price_setup, batch)
     notes.append("without the objective's batch transform, which XLA's TPU cost model "
                  "could not price")
   if loops:
     notes.append("the priced program still has a loop: the estimate is a lower bound")
-  return est, notes
+  return est, notes, hlo
 
 
 def _has_loop(hlo: str) -> bool:
@@ -229,10 +242,11 @@ def _has_loop(hlo: str) -> bool:
 
 
 def _price(setup, batch):
-  """XLA's cost-model time of `setup.train_step` on `batch`, and whether the compiled
-  program has a while loop."""
+  """XLA's cost-model time of `setup.train_step` on `batch`, whether the compiled
+  program has a while loop, and its HLO text."""
   compiled = setup.train_step.lower(setup.abstract_state, batch).compile()
-  return _cost(compiled).get("optimal_seconds"), _has_loop(compiled.as_text())
+  hlo = compiled.as_text() or ""
+  return _cost(compiled).get("optimal_seconds"), _has_loop(hlo), hlo
 
 
 def _estimate_without_transform(setup, batch):
@@ -273,19 +287,34 @@ def format_report(r: Dict[str, Any]) -> str:
                f"{gib(m['arguments'])}, outputs {gib(m['outputs'])}, donated "
                f"-{gib(m['aliased'])}, temporaries {gib(m['temporaries'])}, code "
                f"{gib(m['code'])}]")
+  kr = r.get("kernel_roofline") or {}
   if "estimated_step_s" in r:
     mfu = r.get("estimated_mfu")
-    lines.append(f"XLA estimated step time: {r['estimated_step_s'] * 1e3:.2f} ms  "
+    lines.append(f"estimated step time: {r['estimated_step_s'] * 1e3:.2f} ms  "
                  f"({r['estimated_tokens_per_s']:,.0f} tokens/s)  implied MFU "
                  f"{'-' if mfu is None else f'{100 * mfu:.1f}%'} of "
                  f"{r['peak_flops_per_device'] / 1e12:.0f} TFLOP/s per device")
+    lines.append(f"  = {r['xla_priced_s'] * 1e3:.2f} ms XLA cost model (every op XLA prices)"
+                 f" + {kr.get('seconds', 0.0) * 1e3:.2f} ms roofline estimate of "
+                 f"{kr.get('calls', 0)} Pallas kernel call(s) XLA cannot price")
+    for name, k in sorted(kr.get("kernels", {}).items()):
+      lines.append(f"    {name}: {k['calls']} calls, {k['flops'] / 1e12:.3f} TFLOP, "
+                   f"{k['bytes'] / 2**20:.0f} MiB, {k['bound']}-bound, "
+                   f"{k['seconds'] * 1e3:.2f} ms")
+    if kr.get("calls"):
+      lines.append(f"    (roofline: max(FLOPs / peak, bytes / HBM bandwidth) / efficiency "
+                   f"{kr['efficiency']:g}: {kernel_cost.EFFICIENCY_SOURCE})")
+    if kr.get("unpriced"):
+      lines.append(f"  UNPRICED custom calls (the estimate is a lower bound): "
+                   f"{sorted(set(kr['unpriced']))}")
     for note in r.get("estimate_notes", []):
       lines.append(f"  (estimated on a twin of the step: {note})")
   else:
     lines.append("XLA reported no step-time estimate for this program")
   xf = r.get("xla_flops_per_device")
   lines.append(f"FLOPs per device per step: model {r['model_flops_per_device'] / 1e12:.3f} T"
-               + (f", XLA counted {xf / 1e12:.3f} T" if xf else ""))
+               + (f", XLA counted {xf / 1e12:.3f} T" if xf else "")
+               + (f" + Pallas kernels {kr['flops'] / 1e12:.3f} T" if kr.get("calls") else ""))
   if c["attention_impl"] == "splash":
     lines.append(f"splash kernel in the compiled program: {r['splash_kernel_in_hlo']}")
   if not r["fits"]:
@@ -309,6 +338,8 @@ def _define_flags():
   flags.DEFINE_string("mesh", "", "data,fsdp,tensor (one may be -1); default: config.mesh")
   flags.DEFINE_float("hbm_gib", 0.0, "override the HBM capacity per device (GiB)")
   flags.DEFINE_string("json", "", "also write the report to this JSON file")
+  flags.DEFINE_float("kernel_efficiency", kernel_cost.DEFAULT_EFFICIENCY,
+                     "fraction of the roofline the Pallas kernels reach (launch/kernel_cost.py)")
   flags.mark_flags_as_required(["config", "topology", "global_batch"])
   return flags.FLAGS
 
@@ -322,7 +353,7 @@ def main(argv):
   try:
     mesh = parse_mesh(F.mesh) if F.mesh else None
     report = compile_train_step(F.config, F.topology, F.global_batch, F.seq, mesh,
-                                F.hbm_gib or None)
+                                F.hbm_gib or None, F.kernel_efficiency)
   except AotError as e:
     print(f"error: {e}", file=sys.stderr)
     return EXIT_USAGE

@@ -61,6 +61,25 @@ def test_splash_train_step_compiles_sharded_for_v5p(libtpu, tmp_path):
   # The real step (masking included) is priced directly, not on a twin.
   assert "estimate_notes" not in r, r.get("estimate_notes")
   assert "HBM per device" in p.stdout and "implied MFU" in p.stdout
+  # XLA cannot price the Splash kernels: their roofline is added and shown apart. Per
+  # device: 4 rows x 1 head, the forward's 2 and the fused backward's 5 T x T x K matmuls.
+  kr = r["kernel_roofline"]
+  assert kr["flops"] == 7 * 2 * 4 * 1 * 128 * 128 * 64 and kr["unpriced"] == []
+  assert r["estimated_step_s"] == pytest.approx(r["xla_priced_s"] + kr["seconds"])
+  assert kr["seconds"] > 0 and "roofline estimate of 2 Pallas kernel call(s)" in p.stdout
+  assert "attention: splash (set in the config)" in p.stdout
+
+
+def test_auto_attention_picks_splash_for_the_tpu_recipe(libtpu, tmp_path):
+  """No attention flags: the TPU recipe (attention dropout 0) gets Splash at seq 128."""
+  out = tmp_path / "aot.json"
+  p = _run(["--config", "configs/bert.py:mini", "--config.model.num_hidden_layers=1",
+            "--config.model.vocab_size=512", "--topology", "v5p:2x2x1", "--global_batch", "8",
+            "--seq", "128", "--json", str(out)], libtpu)
+  assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+  r = json.loads(out.read_text())
+  assert r["config"]["attention_impl"] == "splash" and r["splash_kernel_in_hlo"]
+  assert "attention: auto -> splash" in p.stdout.splitlines()[2]
 
 
 def test_scanned_remat_step_is_priced_on_its_unrolled_twin(libtpu, tmp_path):
