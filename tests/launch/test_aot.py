@@ -135,7 +135,8 @@ def test_fallback_twin_prices_the_step_with_the_transform_done_beforehand():
   setup = trainer.build(c, tok, devices=devices)
   batch = synthetic.abstract_batch(setup.objective, 4, 32, setup.batch_sharding)
   before = setup.objective.transform
-  est, notes = aot._step_time_estimate(c, tok, devices, setup, batch, None, "")
+  est, notes, hlo = aot._step_time_estimate(c, tok, devices, setup, batch, None, "")
+  assert hlo  # the priced program, for the kernel roofline
   assert notes[0] == ("without the objective's batch transform, which XLA's TPU cost "
                       "model could not price")
   # (XLA:CPU lowers JAX's threefry key derivation as a while loop, hence maybe this note.)
