@@ -183,7 +183,8 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
   est = cost.get("optimal_seconds")
   report["xla_optimal_seconds"] = est
   hlo = compiled.as_text() or ""
-  report["splash_kernel_in_hlo"] = "splash" in hlo.lower()
+  report["splash_kernel_in_hlo"] = any(  # a custom call, not just a name in metadata
+      "splash" in c["name"].lower() for c in kernel_cost.custom_calls(hlo))
   if report["fits"]:
     est, notes, priced_hlo = _step_time_estimate(config, tok, devices, setup, batch, est, hlo)
     bandwidth = kernel_cost.hbm_bandwidth(kind)
