@@ -3,6 +3,14 @@
   python -m launch.pretrain --config configs/bert.py:tiny --workdir /tmp/bert_tiny
 Variants: tiny (L2/H128), mini (L4/H256), small (L4/H512), medium (L8/H512) — the sizes of
 Turc et al. 2019's compact BERTs — base (L12/H768), large (L24/H1024).
+
+TPU recipe (every variant but `tiny`): attention_probs_dropout_prob = 0, as ModernBERT
+and MosaicBERT train, so `attention_impl: auto` can run the Splash kernel on TPU (it has
+no attention-probability dropout; with dropout > 0 training would take the einsum path
+and the run's log says so). Hidden dropout stays at BERT's 0.1. `tiny` (the CPU main job)
+keeps BERT's attention dropout. The recipe also pads the embedding table to a multiple
+of 128 rows (vocab_pad_multiple; 30522 -> 30592, the padding never predicted) so the
+tied MLM decoder's vocabulary dimension tiles the TPU's 128-wide matrix unit.
 """
 from configs import common
 
@@ -45,6 +53,8 @@ def get_config(arg="base"):
     c.checkpoint.every = 500
   else:
     # Devlin et al.: batch 256, lr 1e-4, 10k warmup steps, 1M steps (90% at length 128).
+    c.model.attention_probs_dropout_prob = 0.0  # the TPU recipe: see the docstring
+    c.model.vocab_pad_multiple = 128
     c.tokenizer.vocab_size = 30522
     c.data.global_batch = 256
     c.optimizer.learning_rate = 1e-4

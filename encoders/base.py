@@ -58,18 +58,37 @@ def forward_flops(model_config, seq_len: int, mlm_positions=None) -> float:
       model_config, seq_len, mlm_positions)
 
 
-def resolve_auto(cfg, platform=None):
+def resolve_auto(cfg, platform=None, seq_len=None):
   """Fills in the model settings left to "auto" for `platform` (default: JAX's default
   backend), in place: `dtype` is bfloat16 on TPU/GPU and float32 on the CPU;
-  `attention_impl` is "cpu" (the layout XLA's CPU backend runs fastest) on the CPU and
-  "xla" (jax.nn.dot_product_attention) elsewhere. Splash on TPU stays opt-in: it needs a
-  sequence length that is a multiple of 128 and no attention-probability dropout."""
+  `attention_impl` as `resolve_attention` picks it."""
   platform = platform or jax.default_backend()
   if cfg.get("dtype") == "auto":
-    cfg.dtype = "float32" if platform == "cpu" else "bfloat16"
-  if cfg.get("attention_impl") == "auto":
-    cfg.attention_impl = "cpu" if platform == "cpu" else "xla"
+    cfg.dtype = _dtype_for("auto", platform)
+  resolve_attention(cfg, platform, seq_len)
   return cfg
+
+
+def resolve_attention(cfg, platform, seq_len=None) -> str:
+  """Sets `attention_impl: auto` to what `layers.choose_impl` picks for `platform` and
+  `seq_len` (Splash on TPU when the length allows, cuDNN on GPU, "cpu" on the CPU), in
+  place; returns the choice and its reason as one line for the run's log."""
+  if cfg.get("attention_impl") != "auto":
+    return f"attention: {cfg.get('attention_impl')} (set in the config)"
+  from encoders.layers import attention
+  heads = cfg.get("num_attention_heads")
+  impl, reason = attention.choose_impl(
+      platform, seq_len, float(cfg.get("attention_probs_dropout_prob", 0.0) or 0.0),
+      _dtype_for(cfg.get("dtype", "auto"), platform), cfg.hidden_size // heads if heads else None,
+      cfg.get("family", "bert"))
+  cfg.attention_impl = impl
+  return f"attention: auto -> {impl}: {reason}"
+
+
+def _dtype_for(dtype: str, platform: str) -> str:
+  if dtype != "auto":
+    return dtype
+  return "float32" if platform == "cpu" else "bfloat16"
 
 
 def build(model_config):

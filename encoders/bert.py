@@ -35,7 +35,8 @@ def defaults() -> ml_collections.ConfigDict:
   m.initializer_range = 0.02
   m.heads = ("mlm", "nsp")  # subset of: pooler, mlm, nsp
   m.dtype = "auto"  # compute: auto (bf16 on TPU/GPU, f32 on CPU) | float32 | bfloat16
-  # auto (cpu on the CPU, xla elsewhere) | xla | cudnn (jax.nn.dot_product_attention) |
+  # auto (layers.choose_impl: cpu on the CPU, splash on TPU when the length allows, cudnn
+  # on GPU, else xla) | xla | cudnn (jax.nn.dot_product_attention) |
   # einsum (reference) | cpu (the reference's math laid out for XLA:CPU, ~2x faster there)
   # | splash (Pallas TPU kernel; sequence length a multiple of 128,
   # attention_probs_dropout_prob = 0)

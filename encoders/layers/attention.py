@@ -1,7 +1,7 @@
 """Multi-head self-attention over the shared kernels, reading its per-layer inputs from an
 `AttentionInputs` struct."""
 import functools
-from typing import Optional
+from typing import Optional, Tuple
 
 import flax.linen as nn
 import jax
@@ -14,6 +14,59 @@ from encoders.layers.masks import AttentionInputs, SegmentMask
 
 Array = jax.Array
 IMPLS = ("xla", "cudnn", "einsum", "cpu", "splash")
+
+# Families whose attention a fast kernel cannot run, and why (`choose_impl`).
+SPLASH_UNSUPPORTED = {"deberta-v2": "DeBERTa's relative position terms are an additive "
+                                    "score bias, which Splash does not take"}
+CUDNN_UNSUPPORTED = {"modernbert": "cuDNN has no bidirectional local window (ModernBERT's "
+                                   "local layers)"}
+
+
+def choose_impl(platform: str, seq_len: Optional[int] = None, dropout_rate: float = 0.0,
+                dtype: str = "bfloat16", head_dim: Optional[int] = None,
+                family: str = "bert") -> Tuple[str, str]:
+  """What `attention_impl: auto` runs on `platform`, and why: (impl, reason).
+
+  cpu: "cpu" (the reference's math laid out for XLA's CPU backend).
+  tpu: "splash" (the Pallas kernel) when the sequence length is known and a multiple of
+    its smallest block (128) and nothing asks for what it lacks (attention-probability
+    dropout, a score bias); otherwise "xla" (jax.nn.dot_product_attention), the reason
+    naming what stood in the way. Dropout > 0 is reported, never silently obeyed by
+    leaving the kernel: the reason says that training then materialises the
+    probabilities (the einsum path) and how to get Splash back.
+  gpu/cuda/rocm: "cudnn" (jax.nn.dot_product_attention's cuDNN flash attention, the
+    padding/segment mask passed as its mask) for bfloat16/float16 with head dim <= 128
+    and a multiple of 8, else "xla".
+  """
+  platform = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+  if platform == "cpu":
+    return "cpu", "CPU: the reference's math laid out for XLA's CPU backend"
+  drop_note = (f"attention_probs_dropout_prob={dropout_rate:g} > 0 needs the attention "
+               "probabilities, so training takes the einsum path (eval keeps the kernel); "
+               "set attention_probs_dropout_prob=0 for the fast kernel")
+  if platform == "tpu":
+    block = min(kernels.SPLASH_BLOCKS)
+    if family in SPLASH_UNSUPPORTED:
+      return "xla", f"TPU: not Splash: {SPLASH_UNSUPPORTED[family]}"
+    if dropout_rate > 0:
+      return "xla", f"TPU: not Splash: {drop_note}"
+    if not seq_len:
+      return "xla", "TPU: not Splash: the sequence length is not known when the model is built"
+    if seq_len % block:
+      return "xla", (f"TPU: not Splash: sequence length {seq_len} is not a multiple of its "
+                     f"block size {block}")
+    return "splash", (f"TPU: Splash (Pallas) kernel, sequence length {seq_len} a multiple "
+                      f"of its block size {block}")
+  if platform == "gpu":
+    note = f" ({drop_note})" if dropout_rate > 0 else ""
+    if family in CUDNN_UNSUPPORTED:
+      return "xla", f"GPU: not cuDNN: {CUDNN_UNSUPPORTED[family]}{note}"
+    if dtype not in ("bfloat16", "float16"):
+      return "xla", f"GPU: not cuDNN: it needs bfloat16/float16, the model runs {dtype}{note}"
+    if head_dim is not None and (head_dim > 128 or head_dim % 8):
+      return "xla", f"GPU: not cuDNN: head dim {head_dim} (it takes <= 128, a multiple of 8)"
+    return "cudnn", f"GPU: cuDNN flash attention (jax.nn.dot_product_attention){note}"
+  return "xla", f"{platform}: jax.nn.dot_product_attention"
 
 
 class MultiHeadAttention(nn.Module):

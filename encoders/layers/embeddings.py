@@ -76,7 +76,11 @@ class Embeddings(nn.Module):
     return constrain(x, ("act_batch", "act_len", "act_embed"))
 
   def attend(self, x: Array) -> Array:
-    """Tied decoder: (..., E) -> (..., V) logits against the word embedding table."""
-    return self.word_embeddings.attend(x)
+    """Tied decoder: (..., E) -> (..., V) float32 logits against the word embedding table
+    (operands in the compute dtype, float32 accumulation and output: MLM logits are never
+    rounded to bfloat16 before the softmax)."""
+    table = self.word_embeddings.embedding.astype(self.dtype)
+    return jnp.einsum("...e,ve->...v", x.astype(self.dtype), table,
+                      preferred_element_type=jnp.float32)
 
 

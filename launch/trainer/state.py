@@ -9,6 +9,7 @@ out of the optimizer entirely (no state, no decay, no update).
 """
 import dataclasses
 import functools
+import logging
 from typing import Any
 
 import flax.linen as nn
@@ -52,9 +53,20 @@ def _split(objective, boxed_keys):
   return trained, frozen
 
 
+def _resolve_attention(config, mesh):
+  """`attention_impl: auto` -> the kernel for the mesh's platform and the run's sequence
+  length (encoders.base.resolve_attention), logged with its reason."""
+  from encoders import base
+  line = base.resolve_attention(config.model, mesh.devices.flat[0].platform,
+                                config.get("data", {}).get("seq_len"))
+  log = logging.getLogger("encoder_zoo")
+  (log.warning if "dropout" in line else log.info)("%s", line)
+
+
 def build(config, tokenizer, devices=None) -> Setup:
   """Mesh, objective, optimizer, sharded state init, jitted train and eval steps."""
   mesh = shard_lib.make_mesh(config.mesh.shape, devices)
+  _resolve_attention(config, mesh)
   rules = shard_lib.rules_tuple(config.mesh.rules)
   objective = objectives.get_objective(config, tokenizer)
   opt_cfg = ml_collections.ConfigDict(config.optimizer.to_dict())

@@ -49,7 +49,7 @@ def test_splash_train_step_compiles_sharded_for_v5p(libtpu, tmp_path):
   p = _run(TINY + ["--topology", "v5p:2x2x1", "--global-batch", "8", "--seq", "128",
                    "--mesh=2,1,2", "--config.model.attention_impl=splash",
                    "--config.model.attention_probs_dropout_prob=0", "--json", str(out)],
-           libtpu)
+           libtpu, timeout=1500)  # three compiles: the step and its stand-in twin
   assert p.returncode == 0, p.stdout + p.stderr[-3000:]
   r = json.loads(out.read_text())
   assert r["fits"] and r["devices"] == 4 and r["device_kind"].startswith("TPU v5")
@@ -58,9 +58,32 @@ def test_splash_train_step_compiles_sharded_for_v5p(libtpu, tmp_path):
   assert r["splash_kernel_in_hlo"]
   assert 0 < r["memory"]["total"] < r["hbm_capacity_bytes"] == 95 * 2**30
   assert r["estimated_step_s"] > 0 and 0 < r["estimated_mfu"] < 1
-  # The real step (masking included) is priced directly, not on a twin.
-  assert "estimate_notes" not in r, r.get("estimate_notes")
+  # The real step (masking included) is priced directly, except that XLA cannot see into
+  # the Splash kernels: its part comes from a twin with elementwise stand-ins for them.
+  assert r["estimate_notes"] == [
+      "XLA's part priced on a twin with each Pallas kernel replaced by an elementwise "
+      "stand-in (same inputs and output); the kernels by roofline"]
+  assert r["xla_with_opaque_kernels_s"] > 0
   assert "HBM per device" in p.stdout and "implied MFU" in p.stdout
+  # XLA cannot price the Splash kernels: their roofline is added and shown apart. Per
+  # device: 4 rows x 1 head, the forward's 2 and the fused backward's 5 T x T x K matmuls.
+  kr = r["kernel_roofline"]
+  assert kr["flops"] == 7 * 2 * 4 * 1 * 128 * 128 * 64 and kr["unpriced"] == []
+  assert r["estimated_step_s"] == pytest.approx(r["xla_priced_s"] + kr["seconds"])
+  assert kr["seconds"] > 0 and "roofline estimate of 2 Pallas kernel call(s)" in p.stdout
+  assert "attention: splash (set in the config)" in p.stdout
+
+
+def test_auto_attention_picks_splash_for_the_tpu_recipe(libtpu, tmp_path):
+  """No attention flags: the TPU recipe (attention dropout 0) gets Splash at seq 128."""
+  out = tmp_path / "aot.json"
+  p = _run(["--config", "configs/bert.py:mini", "--config.model.num_hidden_layers=1",
+            "--config.model.vocab_size=512", "--topology", "v5p:2x2x1", "--global_batch", "8",
+            "--seq", "128", "--json", str(out)], libtpu)
+  assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+  r = json.loads(out.read_text())
+  assert r["config"]["attention_impl"] == "splash" and r["splash_kernel_in_hlo"]
+  assert "attention: auto -> splash" in p.stdout.splitlines()[2]
 
 
 def test_scanned_remat_step_is_priced_on_its_unrolled_twin(libtpu, tmp_path):
@@ -116,7 +139,8 @@ def test_fallback_twin_prices_the_step_with_the_transform_done_beforehand():
   setup = trainer.build(c, tok, devices=devices)
   batch = synthetic.abstract_batch(setup.objective, 4, 32, setup.batch_sharding)
   before = setup.objective.transform
-  est, notes = aot._step_time_estimate(c, tok, devices, setup, batch, None, "")
+  est, notes, hlo = aot._step_time_estimate(c, tok, devices, setup, batch, None, "")
+  assert hlo  # the priced program, for the kernel roofline
   assert notes[0] == ("without the objective's batch transform, which XLA's TPU cost "
                       "model could not price")
   # (XLA:CPU lowers JAX's threefry key derivation as a while loop, hence maybe this note.)

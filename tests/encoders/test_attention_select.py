@@ -1,0 +1,98 @@
+"""`attention_impl: auto`: which kernel each platform gets and why (the platform is faked:
+the choice is pure logic on the config), the TPU recipe configs that let Splash run, the
+log line of the choice, and the chosen Splash path lowering for TPU from this CPU."""
+import logging
+import types
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+import encoders
+from configs import bert as bert_configs
+from encoders import base
+from encoders.layers import attention
+
+
+@pytest.mark.parametrize("platform,kw,impl,why", [
+    ("cpu", {}, "cpu", "CPU"),
+    ("tpu", dict(seq_len=512), "splash", "multiple of its block size 128"),
+    ("tpu", dict(seq_len=384), "splash", "384"),
+    ("tpu", dict(seq_len=500), "xla", "500 is not a multiple"),
+    ("tpu", dict(seq_len=None), "xla", "not known"),
+    ("tpu", dict(seq_len=512, dropout_rate=0.1), "xla", "attention_probs_dropout_prob=0.1"),
+    ("tpu", dict(seq_len=512, family="deberta-v2"), "xla", "score bias"),
+    ("gpu", dict(seq_len=500), "cudnn", "cuDNN"),
+    ("cuda", dict(seq_len=512, dtype="float16"), "cudnn", "cuDNN"),
+    ("gpu", dict(dtype="float32"), "xla", "float32"),
+    ("gpu", dict(head_dim=160), "xla", "head dim 160"),
+    ("gpu", dict(family="modernbert"), "xla", "local window"),
+])
+def test_choose_impl(platform, kw, impl, why):
+  got, reason = attention.choose_impl(platform, **kw)
+  assert got == impl and why in reason, (got, reason)
+
+
+def test_gpu_dropout_is_named_in_the_reason():
+  impl, reason = attention.choose_impl("gpu", 128, dropout_rate=0.1)
+  assert impl == "cudnn" and "einsum path" in reason
+
+
+def _model_cfg(variant):
+  return ml_collections.ConfigDict(bert_configs.get_config(variant).model.to_dict())
+
+
+@pytest.mark.parametrize("variant", ["base", "large"])
+def test_tpu_recipe_configs_get_splash_at_512(variant):
+  cfg = _model_cfg(variant)
+  assert cfg.attention_probs_dropout_prob == 0.0 and cfg.attention_impl == "auto"
+  line = base.resolve_attention(cfg, "tpu", 512)
+  assert cfg.attention_impl == "splash" and "Splash" in line
+
+
+def test_dropout_config_says_why_it_misses_splash_and_explicit_choice_is_kept():
+  cfg = _model_cfg("tiny")  # the CPU main job keeps BERT's attention dropout
+  assert cfg.attention_probs_dropout_prob > 0
+  line = base.resolve_attention(cfg, "tpu", 128)
+  assert cfg.attention_impl == "xla" and "dropout" in line
+  cfg.attention_impl = "einsum"
+  assert "set in the config" in base.resolve_attention(cfg, "tpu", 128)
+  assert cfg.attention_impl == "einsum"
+
+
+def test_dtype_auto_counts_as_bf16_on_gpu():
+  cfg = _model_cfg("base")
+  assert cfg.dtype == "auto"
+  base.resolve_auto(cfg, "gpu", 512)
+  assert cfg.attention_impl == "cudnn" and cfg.dtype == "bfloat16"
+
+
+def test_trainer_logs_the_choice_in_its_first_lines(caplog):
+  from launch.trainer import state
+  fake_mesh = types.SimpleNamespace(devices=np.array([types.SimpleNamespace(platform="tpu")]))
+  for variant, level, impl in (("base", logging.INFO, "splash"),
+                               ("tiny", logging.WARNING, "xla")):
+    config = ml_collections.ConfigDict(bert_configs.get_config(variant).to_dict())
+    config.data.seq_len = 256
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="encoder_zoo"):
+      state._resolve_attention(config, fake_mesh)
+    assert config.model.attention_impl == impl
+    rec = [r for r in caplog.records if "attention: auto" in r.getMessage()]
+    assert len(rec) == 1 and rec[0].levelno == level, [r.getMessage() for r in rec]
+
+
+def test_auto_on_tpu_lowers_the_model_to_the_splash_kernel():
+  cfg = ml_collections.ConfigDict(bert_configs.get_config("tiny").model.to_dict())
+  cfg.attention_probs_dropout_prob = 0.0
+  cfg.vocab_size = 512
+  base.resolve_auto(cfg, "tpu", 128)
+  assert cfg.attention_impl == "splash" and cfg.dtype == "bfloat16"
+  model = encoders.build(cfg)
+  ids = jnp.ones((2, 128), jnp.int32)
+  params = jax.eval_shape(model.init, jax.random.PRNGKey(0), ids, ids)
+  text = jax.jit(model.apply).trace(params, ids, ids).lower(
+      lowering_platforms=("tpu",)).as_text()
+  assert "tpu_custom_call" in text
