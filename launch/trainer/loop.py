@@ -15,6 +15,7 @@ import objectives
 from launch import data as data_lib
 from launch import devices as devices_lib
 from launch.trainer import checkpoint as ckpt_lib
+from launch.trainer import checks
 from launch.trainer import metrics as metrics_lib
 from launch.trainer import sharding as shard_lib
 from launch.trainer.state import Setup, build
@@ -90,6 +91,7 @@ def train_and_evaluate(config, workdir: str, devices=None,
   """Runs (or resumes) a pretraining job in `workdir` on `devices` (default: all);
   `stop_after` ends the run early at that step with a checkpoint, as a preemption would.
   Returns {"state", "eval" (final held-out metrics), "setup", "step"}."""
+  config = checks.check(config, devices)  # one-line errors before anything is written
   if "://" not in workdir:  # Orbax needs absolute local paths; gs:// paths pass through
     workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
