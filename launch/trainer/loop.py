@@ -17,6 +17,7 @@ from launch import devices as devices_lib
 from launch.trainer import checkpoint as ckpt_lib
 from launch.trainer import checks
 from launch.trainer import metrics as metrics_lib
+from launch.trainer import report
 from launch.trainer import sharding as shard_lib
 from launch.trainer.state import Setup, build
 from launch.trainer.step import eval_key
@@ -94,6 +95,10 @@ def train_and_evaluate(config, workdir: str, devices=None,
   config = checks.check(config, devices)  # one-line errors before anything is written
   if "://" not in workdir:  # Orbax needs absolute local paths; gs:// paths pass through
     workdir = os.path.abspath(workdir)
+  done = report.finished(workdir, int(config.train.steps))
+  if done is not None:  # a rerun of a finished run: say so, write nothing
+    return {"state": None, "eval": report.say_complete(workdir, done), "setup": None,
+            "step": done}
   os.makedirs(workdir, exist_ok=True)
   config, pipeline = prepare(config, workdir)
   setup = build(config, pipeline.tokenizer, devices)
@@ -185,4 +190,7 @@ def train_and_evaluate(config, workdir: str, devices=None,
     if config.logging.plot:
       metrics_lib.plot(workdir)
   writer.close()
+  if jax.process_index() == 0:
+    report.say_artifacts(workdir, config, pipeline.tokenizer.id_to_token(
+        pipeline.tokenizer.mask_id))
   return {"state": state, "eval": last_eval, "setup": setup, "step": step}

@@ -1,6 +1,7 @@
 """Start-up checks and one-line command-line errors (launch/cli.py, launch/trainer/checks.py):
 a bad setting fails in one line naming key, value and fix, before anything is written."""
 import os
+import re
 import subprocess
 import sys
 
@@ -60,12 +61,13 @@ def test_unknown_keys_and_bad_numbers_are_named():
      "tokenizer.path='/no/such/spm.model' does not exist"),
     ({"data__source": "text", "data__files": "/no/such/dir/*.txt"}, "matches no files"),
     ({"data__packing": "rows"}, "data.packing='rows'"),
-    ({"optimizer__grad_accum_steps": 3}, "data.global_batch=32 does not split"),
+    ({"optimizer__grad_accum_steps": 3}, ("data.global_batch=32 does not split over 1 "
+     "data-parallel devices (mesh {'data': 1, 'fsdp': 1, 'tensor': 1}) x "
+     "grad_accum_steps=3 micro-batches; use a multiple of 3")),
 ])
 def test_bad_settings_fail_before_anything_is_written(tmp_path, overrides, expected):
   wd = tmp_path / "wd"
-  with pytest.raises(cli.ConfigError, match=expected.replace(".", r"\.").replace("(", r"\(")
-                     .replace("[", r"\[")) as e:
+  with pytest.raises(cli.ConfigError, match=re.escape(expected)) as e:
     train.train_and_evaluate(_config(**overrides), str(wd), jax.devices()[:1])
   assert "\n" not in str(e.value)
   assert not wd.exists()
