@@ -16,6 +16,7 @@ from launch import data as data_lib
 from launch import devices as devices_lib
 from launch.trainer import checkpoint as ckpt_lib
 from launch.trainer import checks
+from launch.trainer import demo
 from launch.trainer import metrics as metrics_lib
 from launch.trainer import report
 from launch.trainer import sharding as shard_lib
@@ -191,6 +192,7 @@ def train_and_evaluate(config, workdir: str, devices=None,
       metrics_lib.plot(workdir)
   writer.close()
   if jax.process_index() == 0:
+    print("\n".join(demo.lines(objective, host_params, pipeline)), flush=True)
     report.say_artifacts(workdir, config, pipeline.tokenizer.id_to_token(
         pipeline.tokenizer.mask_id))
   return {"state": state, "eval": last_eval, "setup": setup, "step": step}

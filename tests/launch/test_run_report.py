@@ -143,3 +143,53 @@ def test_eta_uses_a_moving_window():
   assert out["steps_per_s"] == pytest.approx(0.2)
   assert out["eta_s"] == pytest.approx(650 * (300.0 / 150))
   assert np.isfinite(out["mfu"])
+
+
+def test_fill_mask_pipeline_matches_our_model(finished_run):
+  """transformers' fill-mask pipeline on the export ranks the same top 5 as our model,
+  and the exported tokenizer keeps the space around [MASK]."""
+  import transformers as T
+
+  import encoders
+  from launch.data import tokenization
+  wd, _ = finished_run
+  hf_dir = os.path.join(wd, "hf")
+  text = "The [MASK] statement of the package, then more."
+  fill = T.pipeline("fill-mask", model=hf_dir, top_k=5)
+  theirs = [r["token"] for r in fill(text)]
+  hf_tok = fill.tokenizer
+  ids = hf_tok(text)["input_ids"]
+  assert hf_tok.decode(ids[1:-1], skip_special_tokens=False) == text
+  ours_tok = tokenization.load_sentencepiece(os.path.join(wd, "tokenizer", "spm.model"))
+  left, right = text.split(" [MASK]")
+  assert ids == ([ours_tok.cls_id] + ours_tok.encode(left) + [ours_tok.mask_id]
+                 + ours_tok.encode(right) + [ours_tok.sep_id])  # the word's space is in the mask
+  model, params = encoders.from_hf(hf_dir)
+  logits = np.asarray(model.apply({"params": params}, np.asarray([ids])).mlm_logits)
+  pos = ids.index(ours_tok.mask_id)
+  assert theirs == list(np.argsort(-logits[0, pos, :ours_tok.vocab_size])[:5])
+
+
+def test_demo_shows_held_out_sentences(finished_run):
+  from launch import data as data_lib
+  from launch.trainer import demo
+  wd, out = finished_run
+  c = small_config(train__steps=3)
+  c.model.vocab_size = out["setup"].objective.vocab_size
+  pipeline = data_lib.make_pipeline(c, wd)
+  found = demo.examples(pipeline, 3)
+  assert found
+  eval_tokens = np.asarray(pipeline._eval_rows.tokens)
+  for tokens, pos in found:
+    # Held-out text: a contiguous run of the eval split's tokens.
+    window = np.lib.stride_tricks.sliding_window_view(eval_tokens, len(tokens))
+    assert (window == np.asarray(tokens)).all(axis=1).any()
+    assert 0 < pos < len(tokens)
+  lines = demo.lines(out["setup"].objective, jax.device_get(out["state"].params), pipeline)
+  assert lines[0].startswith(f"fill-mask on {len(found)} held-out sentences")
+  assert len(lines) == 1 + 2 * len(found)
+  for sentence, preds in zip(lines[1::2], lines[2::2]):
+    assert sentence.count("[MASK]") == 1 and " [MASK]" in sentence
+    shown = preds.split("(the held-out word:")[0].split("%")
+    assert len([p for p in shown if p.strip()]) == 5
+    assert all(p.strip().split(" ")[0] for p in shown if p.strip())  # no empty prediction
