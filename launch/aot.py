@@ -410,7 +410,8 @@ def _entry():
   quiet_libtpu_env()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the host runs nothing; TPU is compile-only
   _define_flags()
-  app.run(main, argv=runinfo.normalize_argv(sys.argv))
+  from launch import cli
+  app.run(main, argv=runinfo.normalize_argv(sys.argv), flags_parser=cli.parse_flags)
 
 
 if __name__ == "__main__":

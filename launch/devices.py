@@ -3,8 +3,12 @@ matmul rate, devices per chip, and memory use of a compiled program. Shared by t
 trainer (MFU), launch.bench and launch.aot.
 
 Peak: a TPU/GPU chip's published dense bf16 FLOP/s (table below); on the CPU the
-measured FLOP/s of a large dense matmul in the compute dtype (`measure_cpu_matmul_flops`).
+measured FLOP/s of a large dense matmul in the compute dtype (`measure_cpu_matmul_flops`),
+measured once per machine and cached (`cpu_peak_flops`), so that MFU is comparable
+between runs instead of moving with the load at start-up.
 """
+import json
+import os
 import resource
 from typing import Any, Dict, Optional
 
@@ -56,16 +60,73 @@ def measure_cpu_matmul_flops(sizes=(1024, 2048), dtype="float32", repeats: int =
   return _CPU_PEAK[key]
 
 
+CPU_PEAK_ENV = "ENCODER_ZOO_CPU_PEAK_FLOPS"  # a fixed CPU peak (FLOP/s) instead
+IDLE_LOAD_PER_CORE = 0.25  # a measurement under less load per core than this is final
+
+
+def cpu_peak_cache_path() -> str:
+  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(root, "encoder_zoo", "cpu_peak.json")
+
+
+def _cpu_name() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  import platform
+  return platform.processor() or platform.machine()
+
+
+def cpu_peak_flops(dtype="float32", path=None, measure=None) -> float:
+  """The CPU's peak FLOP/s for MFU: `$ENCODER_ZOO_CPU_PEAK_FLOPS` if set, else the dense
+  matmul rate measured once on this machine (CPU model, core count, dtype) and cached in
+  `~/.cache/encoder_zoo/cpu_peak.json`. A measurement taken while the machine was busy
+  (load average above IDLE_LOAD_PER_CORE per core) is used but measured again at the
+  next start, keeping the best; one taken on an idle machine is final."""
+  if os.environ.get(CPU_PEAK_ENV):
+    return float(os.environ[CPU_PEAK_ENV])
+  path = path or cpu_peak_cache_path()
+  measure = measure or (lambda: measure_cpu_matmul_flops(dtype=dtype))
+  key = f"{_cpu_name()} x{os.cpu_count()} {dtype}"
+  try:
+    with open(path) as f:
+      table = json.load(f)
+  except (OSError, ValueError):
+    table = {}
+  entry = table.get(key)
+  if entry and entry.get("idle"):
+    return float(entry["flops"])
+  load = os.getloadavg()[0] / max(1, os.cpu_count() or 1)
+  flops = measure()
+  if entry:
+    flops = max(flops, float(entry["flops"]))
+  table[key] = {"flops": flops, "idle": bool(load < IDLE_LOAD_PER_CORE),
+                "load_per_core": round(load, 3)}
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+      json.dump(table, f, indent=1)
+    os.replace(tmp, path)
+  except OSError:  # a read-only home: the peak is still used, just not kept
+    pass
+  return flops
+
+
 def chip_peak_flops(device_kind: str) -> float:
   """Published dense bf16 peak of a TPU/GPU chip by `device_kind`; 0.0 when unknown."""
   return _lookup(PEAK_BF16, device_kind) or 0.0
 
 
 def peak_flops(device, dtype: str = "float32") -> float:
-  """Peak FLOP/s of one device: the published bf16 peak for TPU/GPU, measured on CPU (in
-  the compute dtype)."""
+  """Peak FLOP/s of one device: the published bf16 peak for TPU/GPU; on the CPU measured
+  once per machine and cached (`cpu_peak_flops`, in the compute dtype)."""
   if device.platform == "cpu":
-    return measure_cpu_matmul_flops(dtype=dtype)
+    return cpu_peak_flops(dtype)
   return chip_peak_flops(getattr(device, "device_kind", ""))
 
 

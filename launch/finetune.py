@@ -277,4 +277,5 @@ if __name__ == "__main__":
   config_flags.DEFINE_config_file("config", None, "config file[:arg]", lock_config=True)
   flags.DEFINE_string("workdir", None, "run directory")
   flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+  from launch import cli
+  app.run(main, flags_parser=cli.parse_flags)

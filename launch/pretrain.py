@@ -46,8 +46,11 @@ def main(argv):
       logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
   for noisy in ("absl", "jax", "orbax", "grain", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
-  from launch import trainer
-  result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  from launch import cli, trainer
+  try:
+    result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except cli.ConfigError as e:  # a start-up check: one line, exit 2, nothing written
+    cli.fail(str(e))
   ev = result["eval"]
   if ev:
     print("final eval: " + "  ".join(f"{k} {v:.4f}" for k, v in sorted(ev.items())
@@ -55,4 +58,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  from launch import cli
+  app.run(main, flags_parser=cli.parse_flags)

@@ -272,6 +272,7 @@ def write_export(path, table, flat, cfg, prefix, hf, what):
     save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(hf, f, indent=2, sort_keys=True)
+    _modes_from_umask(tmp)
     if os.path.exists(path):
       shutil.rmtree(path)
     os.replace(tmp, path)
@@ -279,6 +280,17 @@ def write_export(path, table, flat, cfg, prefix, hf, what):
     shutil.rmtree(tmp, ignore_errors=True)
     raise
   return path
+
+
+def _modes_from_umask(directory):
+  """mkdtemp makes 0700 directories and safetensors 0600 files: give the export the modes
+  the user's umask gives every other file (0755 / 0644 under umask 022)."""
+  mask = os.umask(0)
+  os.umask(mask)
+  os.chmod(directory, 0o777 & ~mask)
+  for name in os.listdir(directory):
+    p = os.path.join(directory, name)
+    os.chmod(p, (0o777 if os.path.isdir(p) else 0o666) & ~mask)
 
 
 _CORE = ("rules", "stream")  # modules of this package that are not family mappings

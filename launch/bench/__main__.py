@@ -72,4 +72,5 @@ def main(argv):
 if __name__ == "__main__":
   from absl import app
   _define_flags()
-  app.run(main, argv=runinfo.normalize_argv(sys.argv))
+  from launch import cli
+  app.run(main, argv=runinfo.normalize_argv(sys.argv), flags_parser=cli.parse_flags)

@@ -173,12 +173,23 @@ class SentencePieceTokenizer(Tokenizer):
     if self._lowercase:
       norms.append(normalizers.Lowercase())
     if m.normalizer_spec.remove_extra_whitespaces:
-      norms += [normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " ")]
+      # Right strip only: the normalizer runs on each piece between special tokens, and a
+      # left strip would glue the word after "[MASK]" to it ("[MASK]statement").
+      norms += [normalizers.Strip(left=False, right=True),
+                normalizers.Replace(Regex(" {2,}"), " ")]
     tok.normalizer = normalizers.Sequence(norms)
+    # "first": the word mark is prepended to the text's first piece only, not again after
+    # each special token (which made "[MASK]," into "[MASK] ▁ ,").
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SP_WORD_MARK,
-                                                 prepend_scheme="always")
-    tok.decoder = decoders.Metaspace(replacement=SP_WORD_MARK, prepend_scheme="always")
-    tok.add_special_tokens([AddedToken(self.id_to_token(i), special=True, normalized=False)
+                                                 prepend_scheme="first")
+    # [MASK] stands for a whole word, its leading space included (the ▁ of the masked
+    # piece): it takes the space on its left (lstrip) and gives it back when decoded.
+    mask = self.id_to_token(self.mask_id)
+    tok.decoder = decoders.Sequence([
+        decoders.Replace(mask, SP_WORD_MARK + mask),
+        decoders.Metaspace(replacement=SP_WORD_MARK, prepend_scheme="first")])
+    tok.add_special_tokens([AddedToken(self.id_to_token(i), special=True, normalized=False,
+                                       lstrip=i == self.mask_id)
                             for i in sorted(set(self.special_ids))])
     return tok
 

@@ -15,10 +15,13 @@ import objectives
 from launch import data as data_lib
 from launch import devices as devices_lib
 from launch.trainer import checkpoint as ckpt_lib
+from launch.trainer import checks
+from launch.trainer import demo
 from launch.trainer import guard as guard_lib
 from launch.trainer import metrics as metrics_lib
 from launch.trainer import phases as phases_lib
 from launch.trainer import preemption as preemption_lib
+from launch.trainer import report
 from launch.trainer import sharding as shard_lib
 from launch.trainer.state import Setup, build
 from launch.trainer.step import eval_key
@@ -81,8 +84,13 @@ def train_and_evaluate(config, workdir: str, devices=None,
   `stop_after` ends the run early at that step with a checkpoint, as a preemption would;
   `phases` (launch/trainer/phases.py) times the parts of the step body.
   Returns {"state", "eval" (final held-out metrics), "setup", "step"}."""
+  config = checks.check(config, devices)  # one-line errors before anything is written
   if "://" not in workdir:  # Orbax needs absolute local paths; gs:// paths pass through
     workdir = os.path.abspath(workdir)
+  done = report.finished(workdir, int(config.train.steps))
+  if done is not None:  # a rerun of a finished run: say so, write nothing
+    return {"state": None, "eval": report.say_complete(workdir, done), "setup": None,
+            "step": done}
   os.makedirs(workdir, exist_ok=True)
   config, pipeline = prepare(config, workdir)
   setup = build(config, pipeline.tokenizer, devices)
@@ -191,4 +199,8 @@ def train_and_evaluate(config, workdir: str, devices=None,
     if config.logging.plot:
       metrics_lib.plot(workdir)
   writer.close()
+  if jax.process_index() == 0:
+    print("\n".join(demo.lines(objective, host_params, pipeline)), flush=True)
+    report.say_artifacts(workdir, config, pipeline.tokenizer.id_to_token(
+        pipeline.tokenizer.mask_id))
   return {"state": state, "eval": last_eval, "setup": setup, "step": step}

@@ -77,22 +77,34 @@ def format_line(step, split, m):
 
 
 class Progress:
-  """Throughput, MFU and ETA over the steps since the last report."""
+  """Throughput and MFU over the steps since the last report; the ETA from the rate over
+  the last `window` reports (one slow or fast interval, e.g. the first one's compile or
+  another job on the machine, does not swing it)."""
 
-  def __init__(self, total_steps, first_step, tokens_per_step, step_flops, peak_flops):
+  def __init__(self, total_steps, first_step, tokens_per_step, step_flops, peak_flops,
+               window=5):
     self.total, self.last_step = total_steps, first_step
     self.tokens_per_step, self.step_flops, self.peak = tokens_per_step, step_flops, peak_flops
     self.last_time = time.perf_counter()
+    self.window = window
+    self.intervals = []  # (steps, seconds) of the recent reports
+    self.reports = 0
 
-  def update(self, step):
-    now = time.perf_counter()
+  def update(self, step, now=None):
+    now = time.perf_counter() if now is None else now
     dt = max(now - self.last_time, 1e-9)
     steps = step - self.last_step
     self.last_time, self.last_step = now, step
     sps = steps / dt
+    self.reports += 1
+    if self.reports == 2 and self.intervals:
+      self.intervals = []  # the first interval holds the compile: out once another exists
+    self.intervals = (self.intervals + [(steps, dt)])[-self.window:]
+    window_sps = (sum(s for s, _ in self.intervals)
+                  / max(sum(t for _, t in self.intervals), 1e-9))
     return {"tokens_per_s": sps * self.tokens_per_step,
             "mfu": sps * self.step_flops / self.peak if self.peak else 0.0,
-            "steps_per_s": sps, "eta_s": (self.total - step) / max(sps, 1e-9)}
+            "steps_per_s": sps, "eta_s": (self.total - step) / max(window_sps, 1e-9)}
 
 
 def read(workdir):
@@ -101,31 +113,6 @@ def read(workdir):
 
 
 def plot(workdir, out_name="loss.png"):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  records = read(workdir)
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-  for split, style in (("train", "-"), ("eval", "o-")):
-    rows = [r for r in records if r.get("split") == split]
-    for key in sorted({k for r in rows for k in r if k.endswith("_loss")}):
-      pts = [(r["step"], r[key]) for r in rows if key in r]
-      axes[0].plot(*zip(*pts), style, label=f"{split} {key}")
-    for key in sorted({k for r in rows for k in r if k.endswith("_accuracy")}):
-      pts = [(r["step"], r[key]) for r in rows if key in r]
-      axes[1].plot(*zip(*pts), style, label=f"{split} {key}")
-  base = [r for r in records if r.get("split") == "baseline"]
-  if base:  # every "<prefix>_majority_accuracy" of the objective's baselines
-    for i, key in enumerate(sorted(k for k in base[-1] if k.endswith("_majority_accuracy"))):
-      axes[1].axhline(base[-1][key], color="gray", ls=("--", ":", "-.")[i % 3],
-                      label=key.replace("_", " "))
-  axes[0].set_title("loss"), axes[1].set_title("accuracy")
-  for ax in axes:
-    ax.set_xlabel("step")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-  fig.tight_layout()
-  path = os.path.join(workdir, out_name)
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  """The loss/accuracy plot of the run's metrics (launch/trainer/plotting.py)."""
+  from launch.trainer import plotting
+  return plotting.plot(read(workdir), os.path.join(workdir, out_name))
