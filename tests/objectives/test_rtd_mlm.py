@@ -38,7 +38,13 @@ def _setup(c, seed=0, rows=4):
   return obj, params, {k: jnp.asarray(v) for k, v in batch.items()}
 
 
-@pytest.mark.parametrize("setting", ablations.SETTINGS)
+# The new objectives and ELECTRA 15% in the default suite; generator widths and sharing
+# modes are also covered fast by tests/objectives/test_rtd.py.
+FAST = ("electra_15", "replace_mlm", "all_tokens_mlm")
+
+
+@pytest.mark.parametrize("setting", [s if s in FAST else pytest.param(s, marks=pytest.mark.slow)
+                                     for s in ablations.SETTINGS])
 def test_each_ablation_builds_and_steps(setting):
   """Three Adam steps on one batch of the setting's objective lower its loss."""
   c = _ablation(setting, seq=16)
@@ -146,6 +152,7 @@ def test_bad_replaced_mlm_settings_are_refused():
     ablations.get_config("tiny,setting=mlm_everything")
 
 
+@pytest.mark.slow  # the objective's step is covered fast above; this is the trainer's run
 def test_all_tokens_mlm_trains_with_the_trainer_and_exports(tmp_path, tokenizer_cache):  # noqa: F811
   from launch import trainer as train
   wd = tt._workdir(tmp_path, "atm", tokenizer_cache)
