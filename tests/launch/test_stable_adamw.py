@@ -62,6 +62,8 @@ def test_selected_by_config_name_and_used_by_modernbert():
   s = tx.init(p)
   _, s = tx.update(jax_tree_like(p, 1.0), s, p)
   assert optim.optimizer_step_count(s) == 1 and float(schedule(0)) == 0.0
+  assert modernbert.get_config("base,phase=2,remat=full").model.remat_policy == "full"
+  assert modernbert.get_config("tiny").optimizer.name == "adamw"  # its documented run
   bad = ml_collections.ConfigDict({"name": "stableadamw"})
   with pytest.raises(ValueError, match="stable_adamw"):
     optim.make_optimizer(bad, 10)
