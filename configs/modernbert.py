@@ -16,7 +16,8 @@ layers, H1024) with the paper's recipe (Section 2.2), as closely as this trainer
   checkpointing of `remat=`: none (the default: at 64 x 8,192 on v5p:2x2x1 it was
   AOT-measured to fit, 78.45 of 95 GiB per chip, estimated MFU 62.9%), full (19.60 GiB,
   47.9%), or between them dots_with_no_batch_dims_saveable (the layers' projection
-  outputs kept, the rest recomputed) or dots_saveable; docs/modernbert.md has the table;
+  outputs kept, the rest recomputed: 59.66 GiB, 50.5%) or dots_saveable;
+  docs/modernbert.md has the table;
 - optimizer: the paper's StableAdamW, `optimizer.name="stable_adamw"` (AdamW with
   AdaFactor-style update clipping per parameter tensor, Wortsman et al. 2023;
   launch/trainer/stable_adamw.py), in place of global gradient-norm clipping (off);
