@@ -7,3 +7,4 @@ from objectives.base import (Objective, get_objective, objective_class, prepare_
 from objectives import mlm  # noqa: F401  (registers mlm, mlm_nsp, mlm_sop)
 from objectives import rtd  # noqa: F401,E402  (registers rtd)
 from objectives import distill  # noqa: F401,E402  (registers distill)
+from objectives import rtd_mlm  # noqa: F401,E402  (registers replaced_mlm)

@@ -192,7 +192,7 @@ class ReplacedTokenDetection(Objective):
     self.disc_weight = float(c.get("disc_weight", 50.0))
     if not self.disc_weight > 0:
       raise ValueError(f"objective.disc_weight={self.disc_weight} must be > 0")
-    select_heads(config.model, ("rtd",), ("mlm", "nsp", "sop"), "rtd")
+    self._check_heads(config.model)
     self.model_config = config.model
     self.generator_config = generator_config(config.model, c)
     self.seq_len = int(config.data.seq_len)
@@ -212,6 +212,9 @@ class ReplacedTokenDetection(Objective):
     if self.sharing != "none":
       shapes = jax.eval_shape(self._init_both, jax.random.PRNGKey(0))
       self.shared = shared_paths(*shapes)
+
+  def _check_heads(self, model_config):
+    select_heads(model_config, ("rtd",), ("mlm", "nsp", "sop"), "rtd")
 
   # -------------------------------------------------------------------- params
 

@@ -133,6 +133,36 @@ def torch_lamb(groups, lr, betas, eps):
   return Lamb(groups, dict(lr=lr, betas=betas, eps=eps, weight_decay=0.0))
 
 
+def torch_stable_adamw(groups, lr, betas, eps):
+  """launch/trainer/stable_adamw.py's update in torch (transformers' Trainer has no
+  StableAdamW): AdamW whose step per tensor, decay included, is divided by
+  max(1, RMS(g / sqrt(max(v_hat, eps^2))))."""
+  import torch
+
+  class StableAdamW(torch.optim.Optimizer):
+    @torch.no_grad()
+    def step(self):
+      for g in self.param_groups:
+        b1, b2 = g["betas"]
+        for p in g["params"]:
+          if p.grad is None:
+            continue
+          st = self.state[p]
+          if not st:
+            st.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+          st["t"] += 1
+          st["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
+          st["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+          v_hat = st["v"] / (1 - b2 ** st["t"])
+          rms = (p.grad.square() / v_hat.clamp_min(g["eps"] ** 2)).mean().sqrt()
+          u = (st["m"] / (1 - b1 ** st["t"])) / (v_hat.sqrt() + g["eps"])
+          if g["weight_decay"]:
+            u.add_(p, alpha=g["weight_decay"])
+          p.sub_(g["lr"] * u / rms.clamp_min(1.0))
+
+  return StableAdamW(groups, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0})
+
+
 class Theirs:
   """The transformers PyTorch model of the same architecture, loaded with our weights."""
 
@@ -168,6 +198,8 @@ class Theirs:
                                      eps=o.eps)
       elif o.name == "lamb":
         self.opt = torch_lamb(groups, o.learning_rate, (o.b1, o.b2), o.eps)
+      elif o.name == "stable_adamw":
+        self.opt = torch_stable_adamw(groups, o.learning_rate, (o.b1, o.b2), o.eps)
       else:
         raise ValueError(f"--compare-hf has no torch optimizer for {o.name!r}")
     else:

@@ -6,7 +6,9 @@
 builds `tx` with grad_accum_steps=1; MultiSteps below serves callers that feed one
 micro-batch per `tx.update` call.)
 
-- `tx` = [MultiSteps over] chain(clip_by_global_norm, adamw | lamb).
+- `tx` = [MultiSteps over] chain(clip_by_global_norm, adamw | lamb | stable_adamw).
+  stable_adamw: AdamW with per-tensor update clipping (StableAdamW, Wortsman et al.
+  2023; launch/trainer/stable_adamw.py), ModernBERT's optimizer.
 - Step counting: `total_steps` and the argument of `schedule_fn` count OPTIMIZER
   UPDATES (one update = one global batch = `grad_accum_steps` micro-batches). With
   `grad_accum_steps = k > 1`, `tx` is `optax.MultiSteps(inner, k)`: call `tx.update`
@@ -54,7 +56,7 @@ __all__ = [
     "SCHEDULES",
 ]
 
-OPTIMIZERS = ("adamw", "lamb")
+OPTIMIZERS = ("adamw", "lamb", "stable_adamw")
 SCHEDULES = ("linear", "cosine", "wsd", "constant")
 
 _DEFAULTS = dict(
@@ -185,6 +187,10 @@ def make_optimizer(opt_config, total_steps):
   if name == "adamw":
     base = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
                        mask=decay_mask)
+  elif name == "stable_adamw":  # per-tensor update clipping (launch/trainer/stable_adamw.py)
+    from launch.trainer.stable_adamw import stable_adamw
+    base = stable_adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                        mask=decay_mask)
   else:
     base = optax.lamb(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
                       mask=decay_mask)

@@ -248,7 +248,7 @@ def test_electra_configs_and_ablations_load():
   assert ablations.get_config("tiny,setting=electra_15").objective.rtd_positions == "masked"
   assert ablations.get_config("tiny,setting=share_gdes").objective.sharing == "gdes"
   with pytest.raises(ValueError, match="setting"):
-    ablations.get_config("tiny,setting=all_tokens_mlm")
+    ablations.get_config("tiny,setting=all_mlm")
 
 
 def test_torch_reference_does_the_same_work(tmp_path):
