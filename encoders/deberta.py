@@ -68,7 +68,7 @@ def defaults(variant: str = "base") -> ml_collections.ConfigDict:
   m.conv_act = "tanh"
   m.legacy = True  # MLM head names: cls.predictions (True) | lm_predictions.lm_head
   m.pooler_hidden_act = "gelu"
-  m.relative_impl = "shift"  # shift | gather (the reference)
+  m.relative_impl = "shift"  # shift | gather (the reference) | headmajor (fused, head-major)
   # shift: rows in blocks of this many (when it divides T) multiply only the T + C - 1
   # relative rows they use instead of 2T - 1 (0: no blocks)
   m.relative_block = 128
