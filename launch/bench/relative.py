@@ -22,8 +22,10 @@ FORMULATIONS = {  # name -> (relative_impl, relative_block)
     "gather": ("gather", 0),
     "shift": ("shift", 0),
     "shift-128": ("shift", 128),
+    "shift-64": ("shift", 64),
     "headmajor": ("headmajor", 0),
     "headmajor-128": ("headmajor", 128),
+    "content-only": ("none", 0),  # no relative terms: the layer's cost without them
 }
 
 
@@ -35,7 +37,10 @@ def layer_config(impl, block, dtype):
   m.heads = ()
   m.dtype = dtype
   m.attention_impl = "xla"
-  m.relative_impl, m.relative_block = impl, block
+  if impl == "none":
+    m.relative_attention, m.pos_att_type = False, ()
+  else:
+    m.relative_impl, m.relative_block = impl, block
   return m
 
 
