@@ -23,6 +23,8 @@ FORMULATIONS = {  # name -> (relative_impl, relative_block)
     "shift": ("shift", 0),
     "shift-128": ("shift", 128),
     "shift-64": ("shift", 64),
+    "shift-32": ("shift", 32),
+    "shift-16": ("shift", 16),
     "headmajor": ("headmajor", 0),
     "headmajor-128": ("headmajor", 128),
     "content-only": ("none", 0),  # no relative terms: the layer's cost without them
