@@ -37,3 +37,40 @@ def test_roberta_has_no_nsp():
   c = roberta.get_config("base")
   assert tuple(c.model.heads) == ("mlm",) and c.objective.name == "mlm"
   assert c.data.packing == "documents" and c.model.type_vocab_size == 1
+
+
+def test_deberta_recipe_and_ablations_load_and_build():
+  """Every DeBERTa ablation setting (and the v3 recipe it varies) loads, locks and builds
+  (the generator too, for the RTD ones); the settings change what they name."""
+  from configs import deberta
+  from configs.ablations import deberta as ablations
+  from objectives import rtd
+  for setting in ablations.SETTINGS:
+    variant = "v3-tiny" if setting in ablations.SHARING else "tiny"
+    c = ablations.get_config(f"{variant},setting={setting}")
+    assert c.is_locked
+    models = [c.model]
+    if c.objective.name == "rtd":
+      models.append(rtd.generator_config(c.model, c.objective))
+    for m in models:
+      model = encoders.build(m)
+      if "rtd" in m.heads:  # the discriminator: the objective adds the RTD head
+        model = rtd.with_rtd_head(model)
+      p = jax.eval_shape(lambda mod=model: encoders.init_params(mod, jax.random.PRNGKey(0)))
+      p = p.get("params", p)
+      assert ("rel_embeddings" in p) == (setting != "no_relative"), setting
+      assert ("position_embeddings" in p["embeddings"]) == (
+          setting in ("no_relative", "absolute_input")), setting
+    if setting in ablations.SHARING:
+      assert c.objective.sharing == setting[len("share_"):]
+  base = ablations.get_config("tiny,setting=paper")
+  assert tuple(ablations.get_config("tiny,setting=no_c2p").model.pos_att_type) == ("p2c",)
+  assert tuple(ablations.get_config("tiny,setting=no_p2c").model.pos_att_type) == ("c2p",)
+  assert ablations.get_config("tiny,setting=no_buckets").model.position_buckets == 0
+  assert base.model.position_buckets > 0 and len(base.model.pos_att_type) == 2
+  with pytest.raises(ValueError, match="v3-"):
+    ablations.get_config("tiny,setting=share_tied")
+  v3 = deberta.get_config("v3-base")
+  assert (v3.objective.name, v3.objective.sharing, v3.objective.generator_depth,
+          v3.objective.generator_width) == ("rtd", "gdes", 0.5, 1.0)
+  assert v3.model.heads == ("rtd",) and v3.data.global_batch == 8192

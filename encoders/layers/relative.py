@@ -15,7 +15,12 @@ Two formulations of the (B,H,T,T) term, tested against each other:
   q . P[d] for every distance is one matmul -> (B,H,T,2T-1), and the "relative shift"
   (pad, reshape, slice; Transformer-XL's skew) turns row i's distances into its T keys.
   No large gather: the expensive work is a matmul the MXU runs, and the rest is a copy.
-The bucketed semantics are the same: r(i, j) is computed by the same function in both.
+- "headmajor": the shift formulation inside an attention computed head-major
+  end to end (`headmajor_attention`): q, k, v go to (H,B,T,K) once (small), and every
+  (.., T, T)-sized tensor (content scores, the relative products and their shift, the
+  probabilities) is produced in the order the batched matmuls emit it (batch dim H
+  first), so no (B,H,T,T)-sized transpose is needed except p2c's [j, i] -> [i, j].
+The bucketed semantics are the same: r(i, j) is computed by the same function in all.
 """
 import functools
 from typing import Sequence, Tuple
@@ -27,10 +32,10 @@ import numpy as np
 from encoders.layers.attention import MultiHeadAttention
 from encoders.layers.core import Dense
 from encoders.layers.dropout import Dropout
-from encoders.layers.masks import AttentionInputs
+from encoders.layers.masks import AttentionInputs, SegmentMask
 
 Array = jax.Array
-REL_IMPLS = ("shift", "gather")
+REL_IMPLS = ("shift", "gather", "headmajor")
 TERMS = ("c2p", "p2c")
 
 
@@ -144,6 +149,49 @@ def relative_scores(q: Array, k: Array, pos_key: Array, pos_query: Array,
   return out
 
 
+def _products_hm(x: Array, table: Array, block: int, dtype) -> Array:
+  """Head-major `relative_products`: x (H,B,T,K), table (2T-1,H,K) -> (H,B,T,T) with
+  [h, b, r, c] = x[h, b, r] . table[c - r + T - 1, h]."""
+  h, b, t, k = x.shape
+  kw = {"preferred_element_type": dtype}
+  if not block or t % block or block >= t:
+    return relative_shift(jnp.einsum("hbik,mhk->hbim", x, table, **kw))
+  nb, width = t // block, t + block - 1
+  starts = t - block - block * np.arange(nb)
+  tables = jnp.take(table, jnp.asarray(starts[:, None] + np.arange(width)[None]), axis=0)
+  full = jnp.einsum("hbnck,nwhk->hbncw", x.reshape(h, b, nb, block, k), tables, **kw)
+  return relative_shift(full).reshape(h, b, t, t)
+
+
+def headmajor_attention(q, k, v, pos_key, pos_query, terms, rows, block, mask, scale,
+                        dropout_fn=None):
+  """Softmax attention with DeBERTa's c2p/p2c terms, head-major: q, k, v (B,T,H,K),
+  pos_key / pos_query (2S,H,K) scaled tables (or None), mask (B,1|H,T,T) bool ->
+  context (B,T,H,K). The same math as `relative_scores` + `kernels.attention_scores_
+  einsum` (content scores and the sum in float32, probabilities in v's dtype)."""
+  t = q.shape[1]
+  span, buckets, max_position = rows
+  rel_dtype = jnp.float32 if q.dtype == jnp.float32 else q.dtype
+  qh, kh, vh = (jnp.transpose(x, (2, 0, 1, 3)) for x in (q, k, v))
+  scores = jnp.einsum("hbik,hbjk->hbij", qh, kh,
+                      preferred_element_type=jnp.float32) * scale
+  dist = distance_rows(t, span, buckets, max_position)
+  if "c2p" in terms:
+    table = jnp.take(pos_key, jnp.asarray(dist[::-1].copy()), axis=0)
+    scores = scores + _products_hm(qh, table, block, rel_dtype).astype(jnp.float32)
+  if "p2c" in terms:
+    table = jnp.take(pos_query, jnp.asarray(dist), axis=0)
+    scores = scores + jnp.swapaxes(_products_hm(kh, table, block, rel_dtype),
+                                   -1, -2).astype(jnp.float32)
+  mask = jnp.swapaxes(mask, 0, 1)  # (1|H,B,T,T)
+  scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  if dropout_fn is not None:
+    probs = dropout_fn(probs)
+  ctx = jnp.einsum("hbij,hbjk->hbik", probs, vh)
+  return jnp.transpose(ctx, (1, 2, 0, 3))
+
+
 class DisentangledAttention(MultiHeadAttention):
   """DeBERTa's disentangled self-attention: MultiHeadAttention's projections and kernels,
   with the c2p/p2c terms added to the scores as an additive bias and every term scaled by
@@ -198,6 +246,17 @@ class DisentangledAttention(MultiHeadAttention):
         pk = (self.key if self.share_att_key else self.pos_key)(rel) * scale
       if "p2c" in self.pos_att_type:
         pq = (self.query if self.share_att_key else self.pos_query)(rel) * scale
+      if self.rel_impl == "headmajor":
+        mask = inputs.mask_of(self.mask_kind)
+        if isinstance(mask, SegmentMask):
+          mask = mask.dense()
+        use_dropout = not deterministic and self.dropout_rate > 0.0
+        ctx = headmajor_attention(
+            q, k, v, pk, pq, self.pos_att_type,
+            (self.span, self.position_buckets, self.max_relative_positions),
+            self.rel_block, mask, scale,
+            (lambda p: self.attn_dropout(p, deterministic=False)) if use_dropout else None)
+        return self.out(ctx)
       bias = relative_scores(q, k, pk, pq, self.pos_att_type,
                              (self.span, self.position_buckets, self.max_relative_positions),
                              self.rel_impl, self.rel_block)

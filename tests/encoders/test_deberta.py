@@ -66,7 +66,8 @@ def test_parity_tiny_random(arch, style, tmp_path):
   _compare(out, H.torch_outputs(hf, ids, mask, types), mask)
 
 
-@pytest.mark.parametrize("style,impl,scan", [("v3", "gather", False), ("v3", "shift", True)])
+@pytest.mark.parametrize("style,impl,scan", [("v3", "gather", False), ("v3", "shift", True),
+                                             ("v2", "headmajor", False)])
 def test_parity_reference_path_and_scan(style, impl, scan, tmp_path):
   hf = tiny_hf("DebertaV2ForMaskedLM", style, seed=3)
   hf.save_pretrained(tmp_path)
@@ -111,6 +112,34 @@ def test_shift_formulation_equals_gather_reference(t, span, buckets, max_positio
     return jax.jit(jax.grad(lambda *a: jnp.sum(jnp.sin(scores(impl)(*a))),
                             argnums=(0, 1, 2, 3)))
   for a, b in zip(grads("shift")(q, k, pk, pq), grads("gather")(q, k, pk, pq)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("t,terms,block", [(12, ("c2p", "p2c"), 4), (9, ("p2c",), 0),
+                                           (16, ("c2p",), 0)])
+def test_headmajor_attention_equals_reference(t, terms, block):
+  """The head-major fused path (values and gradients) equals the gather reference's bias
+  fed to the reference attention, on a padded batch."""
+  from encoders.layers import kernels
+  ks = jax.random.split(jax.random.PRNGKey(t), 5)
+  q, k, v = (jax.random.normal(x, (2, t, 3, 5)) for x in ks[:3])
+  pk, pq = (jax.random.normal(x, (16, 3, 5)) for x in ks[3:])
+  rows = (8, 8, 32)
+  real = np.arange(t)[None, :] < np.array([[t], [t - 3]])
+  mask = jnp.asarray(real[:, None, None, :] & np.ones((2, 1, t, 1), bool))
+
+  def ref(q, k, v, pk, pq):
+    bias = relative.relative_scores(q, k, pk, pq, terms, rows, "gather")
+    return kernels.attention_scores_einsum(q, k, v, mask, bias, 0.3)
+
+  def fused(q, k, v, pk, pq):
+    return relative.headmajor_attention(q, k, v, pk, pq, terms, rows, block, mask, 0.3)
+
+  args = (q, k, v, pk, pq)
+  np.testing.assert_allclose(np.asarray(jax.jit(fused)(*args)),
+                             np.asarray(jax.jit(ref)(*args)), atol=1e-5, rtol=1e-5)
+  g = lambda f: jax.jit(jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), argnums=(0, 1, 2, 3, 4)))
+  for a, b in zip(g(fused)(*args), g(ref)(*args)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)
 
 
