@@ -85,6 +85,7 @@ def _train(loss_and_grad, params, steps=8, lr=3e-3):
   return params, losses
 
 
+@pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
 @pytest.mark.parametrize("model_type", TYPES)
 def test_linen_submodule_takes_pretrained_weights_and_fine_tunes(model_type):
   model, pretrained = encoders.from_hf(F.tiny_dir(model_type))

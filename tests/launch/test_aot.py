@@ -86,6 +86,7 @@ def test_auto_attention_picks_splash_for_the_tpu_recipe(libtpu, tmp_path):
   assert "attention: auto -> splash" in p.stdout.splitlines()[2]
 
 
+@pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
 def test_scanned_remat_step_is_priced_on_its_unrolled_twin(libtpu, tmp_path):
   out = tmp_path / "aot.json"
   p = _run(TINY + ["--config.model.num_hidden_layers=2", "--topology", "v5p:2x2x1",
@@ -124,6 +125,7 @@ def test_mesh_flag_parsing_and_tables():
   assert aot.hbm_per_chip("Banana v1") is None
 
 
+@pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
 def test_fallback_twin_prices_the_step_with_the_transform_done_beforehand():
   # The fallback for programs XLA's cost model cannot price, run on this host's CPU
   # devices (no libtpu): the step is lowered on the transform's output shapes with an

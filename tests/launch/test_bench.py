@@ -83,6 +83,7 @@ def test_forward_against_transformers():
   assert "ratio ours/theirs" in text and "MFU" in text
 
 
+@pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
 def test_train_step_against_transformers_with_gathered_mlm_positions():
   c = _config(roberta_configs, "base", max_position_embeddings=66)
   c.objective.max_predictions = 6

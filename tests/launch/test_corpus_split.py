@@ -43,6 +43,7 @@ def default_split():
   return data.load_documents(c.data)
 
 
+@pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
 def test_random_split_is_contaminated_the_measure_sees_it():
   # The check below would catch the old split: the measure is not vacuous.
   train, held_out = split.random_holdout(corpus.default_documents(), 0.05)

@@ -32,6 +32,7 @@ def _n(tree):
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
 
 
+@pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
 def test_teacher_is_frozen_sharded_and_bit_identical_after_steps():
   c = _small_distill()
   tok = synthetic.SyntheticTokenizer.for_model(c.model)

@@ -23,6 +23,7 @@ def _electra(**overrides):
   return c
 
 
+@pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
 def test_electra_rtd_trains_reports_and_exports(tmp_path, tokenizer_cache):  # noqa: F811
   wd = _workdir(tmp_path, "electra", tokenizer_cache)
   c = _electra()

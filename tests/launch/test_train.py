@@ -71,6 +71,7 @@ def _devices(n):
   return jax.devices()[:n]
 
 
+@pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
 def test_sharding_layouts_match_one_device(tmp_path, tokenizer_cache):
   """A 2x2x2 mesh (data, fsdp and tensor at once) trains exactly as one device does."""
   _check_layouts_match_one_device(tmp_path, tokenizer_cache, {"mixed": ((2, 2, 2), 8)})
@@ -189,6 +190,7 @@ def test_outputs_metrics_and_export(tmp_path, tokenizer_cache):
                                 trained["embeddings"]["word_embeddings"]["embedding"])
 
 
+@pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
 def test_roberta_packed_documents_with_grad_accumulation(tmp_path, tokenizer_cache):
   wd = _workdir(tmp_path, "acc2", tokenizer_cache)
   c = small_config(roberta_configs, "base", optimizer__grad_accum_steps=2, train__steps=3)
@@ -319,6 +321,7 @@ def test_cli_refuses_unknown_override(tmp_path):
   assert "not_a_field" in proc.stderr
 
 
+@pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
 def test_trains_from_a_local_tfds_dataset(tmp_path, tokenizer_cache):
   """A TFDS dataset built here (ArrayRecord) trains through the same path a TFDS name
   from the catalog would take: tfds.data_source(name, data_dir=...)."""
@@ -475,6 +478,7 @@ def test_continued_pretraining_from_minilm(tmp_path):
   assert os.path.exists(os.path.join(wd, "hf", "tokenizer.json"))
 
 
+@pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
 def test_albert_trains_with_sentence_order_prediction(tmp_path, tokenizer_cache):
   """ALBERT + SOP through the one trainer: the pair rows labelled for SOP, held-out MLM
   and SOP metrics with their baselines, an export transformers loads for pretraining."""

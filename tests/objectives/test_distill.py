@@ -38,7 +38,7 @@ def _log_softmax(x):
   return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-@pytest.mark.parametrize("ce_positions", ["all", "masked"])
+@pytest.mark.parametrize("ce_positions", [pytest.param("all", marks=pytest.mark.slow), "masked"])
 def test_loss_terms_match_a_numpy_recomputation(ce_positions):
   c = small(ce_positions=ce_positions, temperature=3.0)
   obj = build(c)

@@ -147,7 +147,7 @@ def _grads(obj, params, b, term):
   return jax.grad(f)(params)
 
 
-@pytest.mark.parametrize("family", ["electra", "bert"])
+@pytest.mark.parametrize("family", [pytest.param("electra", marks=pytest.mark.slow), "bert"])
 def test_sharing_modes_route_gradients(family):
   width = 0.5 if family == "electra" else 1.0  # BERT shares only at full width
   depth = 1.0 if family == "electra" else 0.5  # DeBERTaV3's generator: half depth
