@@ -221,7 +221,13 @@ class MaskedLM(Objective):
     return x
 
   def reference_diff(self, ours, theirs, batch):
-    mine = np.asarray(jax.device_get(ours.last_hidden_state), np.float32)
-    ref = np.asarray(theirs.hidden_states[-1].float().numpy())
-    real = np.asarray(batch["segment_ids"]) > 0
-    return float(np.abs(mine[real] - ref[real]).max())
+    return hidden_state_diff(ours, theirs, batch)
+
+
+def hidden_state_diff(ours, theirs, batch) -> float:
+  """Max |ours - transformers'| of the last hidden state over real (non-pad) tokens: the
+  bench's check that both sides computed the same forward."""
+  mine = np.asarray(jax.device_get(ours.last_hidden_state), np.float32)
+  ref = np.asarray(theirs.hidden_states[-1].float().numpy())
+  real = np.asarray(batch["segment_ids"]) > 0
+  return float(np.abs(mine[real] - ref[real]).max())

@@ -51,6 +51,7 @@ import encoders
 from encoders import heads as heads_lib
 from encoders import layers
 from objectives import losses, masking, spec
+from objectives import mlm as mlm_lib
 from objectives.base import (Objective, model_forward_flops, register_objective,
                              select_heads)
 
@@ -418,10 +419,7 @@ class ReplacedTokenDetection(Objective):
     return x
 
   def reference_diff(self, ours, theirs, batch):
-    mine = np.asarray(jax.device_get(ours.last_hidden_state), np.float32)
-    ref = np.asarray(theirs.hidden_states[-1].float().numpy())
-    real = np.asarray(batch["segment_ids"]) > 0
-    return float(np.abs(mine[real] - ref[real]).max())
+    return mlm_lib.hidden_state_diff(ours, theirs, batch)
 
   def reference_model(self, path):
     """transformers doing this objective's work, from an `export` directory: the

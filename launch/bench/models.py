@@ -102,6 +102,18 @@ class Ours:
     return batch * self.objective.flops_per_example(seq, train=False, all_positions=True)
 
 
+def _adam_moments(st, p, b1, b2):
+  """One Adam moment update of parameter `p` in torch (state dict `st`, created on first
+  use) -> the bias-corrected (m_hat, v_hat); shared by the torch LAMB and StableAdamW."""
+  import torch
+  if not st:
+    st.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+  st["t"] += 1
+  st["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
+  st["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+  return st["m"] / (1 - b1 ** st["t"]), st["v"] / (1 - b2 ** st["t"])
+
+
 def torch_lamb(groups, lr, betas, eps):
   """optax.lamb's update in torch, which has no LAMB: Adam moments with bias correction,
   decoupled weight decay on the decay group, then a per-tensor trust ratio ||p|| / ||u||
@@ -116,14 +128,8 @@ def torch_lamb(groups, lr, betas, eps):
         for p in g["params"]:
           if p.grad is None:
             continue
-          st = self.state[p]
-          if not st:
-            st.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
-          st["t"] += 1
-          st["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
-          st["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-          u = (st["m"] / (1 - b1 ** st["t"])) / (
-              (st["v"] / (1 - b2 ** st["t"])).sqrt() + g["eps"])
+          m_hat, v_hat = _adam_moments(self.state[p], p, b1, b2)
+          u = m_hat / (v_hat.sqrt() + g["eps"])
           if g["weight_decay"]:
             u.add_(p, alpha=g["weight_decay"])
           pn, un = p.norm(), u.norm()
@@ -147,15 +153,9 @@ def torch_stable_adamw(groups, lr, betas, eps):
         for p in g["params"]:
           if p.grad is None:
             continue
-          st = self.state[p]
-          if not st:
-            st.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
-          st["t"] += 1
-          st["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
-          st["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-          v_hat = st["v"] / (1 - b2 ** st["t"])
+          m_hat, v_hat = _adam_moments(self.state[p], p, b1, b2)
           rms = (p.grad.square() / v_hat.clamp_min(g["eps"] ** 2)).mean().sqrt()
-          u = (st["m"] / (1 - b1 ** st["t"])) / (v_hat.sqrt() + g["eps"])
+          u = m_hat / (v_hat.sqrt() + g["eps"])
           if g["weight_decay"]:
             u.add_(p, alpha=g["weight_decay"])
           p.sub_(g["lr"] * u / rms.clamp_min(1.0))
