@@ -204,7 +204,7 @@ def run(config, workdir: str, devices=None):
   select = SELECTION[kind]
   best_path = os.path.join(workdir, "best.json")
   best = json.load(open(best_path)) if os.path.isfile(best_path) else None
-  history, train_time, train_tokens = [], 0.0, 0
+  history, train_time, train_tokens, epoch_times = [], 0.0, 0, []
   for epoch in range(done, int(f.epochs)):
     t_epoch, pending = time.perf_counter(), []
     for i, b in enumerate(fd.batches(train, gb, seed=int(config.train.seed) * 1000 + epoch)):
@@ -222,7 +222,8 @@ def run(config, workdir: str, devices=None):
             grad_norm=float(gnorm)))
         pending = []
     jax.block_until_ready(state.params)
-    train_time += time.perf_counter() - t_epoch
+    epoch_times.append(time.perf_counter() - t_epoch)
+    train_time += epoch_times[-1]
     outputs = predict(setup, state.params, evals, gb)
     metrics, records = score(config, outputs, info, labels)
     flat = {k: v for k, v in metrics.items() if isinstance(v, float)}
@@ -250,7 +251,7 @@ def run(config, workdir: str, devices=None):
                       os.path.join(workdir, "confusion_matrix.png"),
                       f"epoch {best['epoch']}: accuracy {best['metrics']['accuracy']:.3f}")
   result = {"best": best, "history": history, "workdir": workdir, "train_s": train_time,
-            "train_tokens": train_tokens,
+            "train_tokens": train_tokens, "epoch_train_s": epoch_times,
             "train_tokens_per_s": train_tokens / train_time if train_time else 0.0}
   with open(os.path.join(workdir, "results.json"), "w") as fp:
     json.dump(result, fp, indent=2)

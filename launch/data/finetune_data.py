@@ -128,11 +128,22 @@ def read_squad(path: str) -> List[Dict]:
 
 def read_tfds(name: str, split: str, data_dir: str = "", text: str = "sentence",
               pair: str = "", label: str = "label") -> List[Dict]:
-  """Rows of a TFDS dataset (data_dir may be gs://)."""
+  """Rows of a TFDS dataset (data_dir may be gs://). With TensorFlow installed, any
+  prepared format (tfds.load); without it, datasets prepared as array_record
+  (tfds.data_source, which needs no TensorFlow)."""
+  import importlib.util
   import tensorflow_datasets as tfds
-  ds = tfds.load(name, split=split, data_dir=data_dir or None)
+  if importlib.util.find_spec("tensorflow") is not None:
+    examples = tfds.as_numpy(tfds.load(name, split=split, data_dir=data_dir or None))
+  else:
+    try:
+      source = tfds.data_source(name, split=split, data_dir=data_dir or None)
+    except NotImplementedError as e:  # e.g. a tfrecord-only dataset
+      raise ValueError(f"TFDS dataset {name!r}: TensorFlow is not installed, and without "
+                       f"it only array_record datasets can be read ({e})") from e
+    examples = (source[i] for i in range(len(source)))
   rows = []
-  for ex in tfds.as_numpy(ds):
+  for ex in examples:
     dec = lambda v: v.decode() if isinstance(v, bytes) else v
     row = {"text": dec(ex[text]), "label": dec(ex[label]).item() if hasattr(
         ex[label], "item") else dec(ex[label])}
