@@ -33,6 +33,9 @@ def defaults() -> ml_collections.ConfigDict:
   # RoBERTa numbers positions from pad_token_id + 1 (HF's create_position_ids_from_input_ids).
   m.position_style = "absolute"  # absolute | roberta
   m.initializer_range = 0.02
+  # Initial position embeddings: normal (N(0, initializer_range), BERT's) | sinusoidal
+  # (the sin/cos table at the same RMS; still a learned parameter, loads in HF as usual)
+  m.position_init = "normal"
   m.heads = ("mlm", "nsp")  # subset of: pooler, mlm, nsp
   m.dtype = "auto"  # compute: auto (bf16 on TPU/GPU, f32 on CPU) | float32 | bfloat16
   # auto (layers.choose_impl: cpu on the CPU, splash on TPU when the length allows, cudnn
@@ -131,7 +134,8 @@ class Bert(model.Encoder):
             layers.Embeddings, vocab_size=base.padded_vocab_size(c),
             embedding_size=c.hidden_size, max_position_embeddings=c.max_position_embeddings,
             type_vocab_size=c.type_vocab_size, layer_norm_eps=c.layer_norm_eps,
-            dropout_rate=c.hidden_dropout_prob, init_std=std, dtype=dtype),
+            dropout_rate=c.hidden_dropout_prob, init_std=std, dtype=dtype,
+            position_init=c.get("position_init", "normal")),
         stack=functools.partial(layers.Stack, c.num_hidden_layers, lambda i: block,
                                 scan=c.get("scan_layers", False)),
         heads={"pooler": functools.partial(heads.Pooler, c.hidden_size, std, dtype),

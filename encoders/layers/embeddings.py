@@ -33,6 +33,9 @@ class Embeddings(nn.Module):
   max_position_embeddings: int = 0  # 0: no learned positions (DeBERTa, ModernBERT)
   type_vocab_size: int = 0  # 0: no token types
   sinusoidal_positions: bool = False
+  # Learned positions' initial values: normal (N(0, init_std), BERT's) | sinusoidal (the
+  # sin/cos table scaled to the same RMS init_std, then learned like any parameter)
+  position_init: str = "normal"
   layer_norm_eps: float = 1e-12
   norm_bias: bool = True
   use_norm: bool = True
@@ -58,7 +61,7 @@ class Embeddings(nn.Module):
       else:
         x = x + nn.Embed(self.max_position_embeddings, self.embedding_size, dtype=self.dtype,
                          param_dtype=jnp.float32, name="position_embeddings",
-                         embedding_init=normal_init(self.init_std, (None, "embed")))(position_ids)
+                         embedding_init=self._position_init())(position_ids)
     if self.type_vocab_size:
       x = x + nn.Embed(self.type_vocab_size, self.embedding_size, dtype=self.dtype,
                        param_dtype=jnp.float32, name="token_type_embeddings",
@@ -74,6 +77,18 @@ class Embeddings(nn.Module):
     if self.projection_size and not self.project_before_norm:
       x = project()(x)
     return constrain(x, ("act_batch", "act_len", "act_embed"))
+
+  def _position_init(self):
+    if self.position_init == "normal":
+      return normal_init(self.init_std, (None, "embed"))
+    if self.position_init != "sinusoidal":
+      raise ValueError(f"position_init={self.position_init!r}; use normal or sinusoidal")
+    scale = self.init_std * 2.0 ** 0.5  # sin/cos entries have RMS 1/sqrt(2)
+
+    def init(key, shape, dtype=jnp.float32):
+      del key
+      return (scale * sinusoidal_table(shape[0], shape[1])).astype(dtype)
+    return nn.with_logical_partitioning(init, (None, "embed"))
 
   def attend(self, x: Array) -> Array:
     """Tied decoder: (..., E) -> (..., V) float32 logits against the word embedding table

@@ -226,3 +226,38 @@ def test_attention_reads_its_mask_kind_and_query_stream_from_the_inputs():
                          local.apply({"params": params}, x, inputs), atol=1e-3)
   with pytest.raises(ValueError, match="local"):
     local.apply({"params": params}, x, layers.AttentionInputs(mask=inputs.mask))
+
+
+def test_sinusoidal_position_init_is_the_scaled_table_and_stays_learned():
+  emb = layers.Embeddings(vocab_size=11, embedding_size=16, max_position_embeddings=32,
+                          init_std=0.02, position_init="sinusoidal")
+  ids = jnp.zeros((1, 4), jnp.int32)
+  params = emb.init(jax.random.PRNGKey(0), ids, jnp.arange(4)[None])["params"]
+  table = np.asarray(nn_unbox(params["position_embeddings"]["embedding"]))
+  want = 0.02 * np.sqrt(2.0) * np.asarray(layers.sinusoidal_table(32, 16))
+  np.testing.assert_allclose(table, want, rtol=1e-6, atol=1e-7)
+  assert abs(np.sqrt((table ** 2).mean()) - 0.02) < 0.002  # the same RMS as N(0, 0.02)
+  # neighbours start similar (the point of the init); N(0, std) rows start unrelated
+  cos = (table[:-1] * table[1:]).sum(1) / (np.linalg.norm(table[:-1], axis=1)
+                                           * np.linalg.norm(table[1:], axis=1))
+  assert cos.mean() > 0.5
+  bad = layers.Embeddings(vocab_size=11, embedding_size=16, max_position_embeddings=32,
+                          position_init="sine")
+  with pytest.raises(ValueError, match="position_init='sine'"):
+    bad.init(jax.random.PRNGKey(0), ids, jnp.arange(4)[None])
+
+
+def test_bert_position_init_reaches_the_model():
+  cfg = encoders.family_defaults("bert")
+  cfg.update(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+             intermediate_size=32, max_position_embeddings=24, position_init="sinusoidal")
+  model = encoders.build(cfg)
+  params = encoders.init_params(model, jax.random.PRNGKey(0))
+  table = np.asarray(params["embeddings"]["position_embeddings"]["embedding"])
+  want = 0.02 * np.sqrt(2.0) * np.asarray(layers.sinusoidal_table(24, 16))
+  np.testing.assert_allclose(table, want, rtol=1e-6, atol=1e-7)
+
+
+def nn_unbox(x):
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  return nn.unbox(x)

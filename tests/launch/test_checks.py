@@ -61,7 +61,7 @@ def test_unknown_keys_and_bad_numbers_are_named():
      "tokenizer.path='/no/such/spm.model' does not exist"),
     ({"data__source": "text", "data__files": "/no/such/dir/*.txt"}, "matches no files"),
     ({"data__packing": "rows"}, "data.packing='rows'"),
-    ({"optimizer__grad_accum_steps": 3}, ("data.global_batch=32 does not split over 1 "
+    ({"optimizer__grad_accum_steps": 3}, ("data.global_batch=64 does not split over 1 "
      "data-parallel devices (mesh {'data': 1, 'fsdp': 1, 'tensor': 1}) x "
      "grad_accum_steps=3 micro-batches; use a multiple of 3")),
 ])
