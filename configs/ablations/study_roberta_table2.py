@@ -36,7 +36,7 @@ def get_config():
   c.table = "Table 2"
   c.question = "does the NSP loss help, and which input format is best?"
   c.scale = ml_collections.ConfigDict(dict(
-      variant="tiny", steps=300, seq_len=64, global_batch=32, checkpoint_every=150,
+      variant="tiny", steps=150, seq_len=64, global_batch=32, checkpoint_every=75,
       learning_rate=0.0))
   c.paper_columns = ("SQuAD 1.1/2.0 F1", "MNLI-m", "SST-2", "RACE")
   c.paper_compare = "SST-2"
@@ -61,7 +61,7 @@ def get_config():
       "boundaries; packing always keeps documents apart.")
   c.evaluate = ml_collections.ConfigDict(dict(
       mlm=True, pair_tasks=(),
-      finetune=dict(dataset="rt", max_rows=3000, eval_fraction=0.2, split_seed=0,
-                    epochs=2, seeds=(0, 1, 2), seq_len=64, global_batch=32,
+      finetune=dict(dataset="rt", max_rows=2000, eval_fraction=0.2, split_seed=0,
+                    epochs=1, seeds=(0, 1, 2), seq_len=64, global_batch=32,
                     learning_rate=3e-4, text_column="text", label_column="label")))
   return c

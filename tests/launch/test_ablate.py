@@ -253,3 +253,32 @@ def test_parallel_arms_run_as_subprocesses_on_their_own_devices(tmp_path):
   state = json.loads((wd / "study.json").read_text())
   assert sorted(r["slot"] for r in state["arms"].values()) == [0, 1]
   assert (wd / "results.md").exists() and (wd / "results.png").exists()
+
+
+STUDIES = sorted(os.path.basename(p) for p in __import__("glob").glob(
+    os.path.join(ROOT, "configs", "ablations", "study_*.py")))
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_every_study_config_is_valid(name):
+  s = study_lib.load(os.path.join(ROOT, "configs", "ablations", name))
+  study_lib.check_all(s)  # every arm's pretraining config loads with its overrides
+  assert s.paper and s.table and study_lib.arm_names(s)
+
+
+def test_albert_nsp_arm_trains_the_one_pair_classifier():
+  from configs.ablations import albert as albert_ablation
+  c = albert_ablation.get_config("tiny,setting=nsp")
+  assert c.objective.name == "mlm_nsp" and c.data.pair_task == "nsp"
+  assert c.objective.pair_head == "sop" and tuple(c.model.heads) == ("mlm", "sop")
+  import objectives
+  tok = type("T", (), {"vocab_size": 8000, "pad_id": 0, "mask_id": 4})()
+  c = ml_collections.ConfigDict(c.to_dict())
+  c.model.vocab_size = 8000
+  objectives.get_objective(c, tok)  # builds: the "sop" head is the one NSP trains
+  c.objective.pair_head = "nsp"
+  with pytest.raises(ValueError, match="lacks \\['nsp'\\]"):
+    objectives.get_objective(c, tok)
+  assert albert_ablation.get_config("tiny,setting=e32").model.embedding_size == 32
+  c = albert_ablation.get_config("tiny,setting=not_shared")
+  assert c.model.num_hidden_groups == c.model.num_hidden_layers
