@@ -31,6 +31,7 @@ def main(argv):
   for noisy in ("absl", "jax", "orbax", "grain", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   from launch import cli
+  from launch.ablation import arm as arm_lib
   from launch.ablation import runner
   from launch.ablation import study as study_lib
   f = flags.FLAGS
@@ -49,6 +50,8 @@ def main(argv):
                                    f.devices_per_arm, worker_argv, command)
   except (study_lib.StudyError, cli.ConfigError) as e:
     cli.fail(str(e))
+  except arm_lib.Interrupted as e:
+    cli.fail(str(e), code=143)
   for r in rows:
     ds = (f"  downstream {100 * r['downstream_mean']:.1f} ± {100 * r['downstream_std']:.1f}"
           if "downstream_mean" in r else "")

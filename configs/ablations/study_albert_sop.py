@@ -6,7 +6,7 @@ pairs).
       --workdir runs/ablate_albert_sop
   # the paper's size (ALBERT-base, 125k steps of batch 4096 at length 512, LAMB):
   python -m launch.ablate --config configs/ablations/study_albert_sop.py \
-      --workdir gs://BUCKET/albert_sop --config.scale.variant=base \
+      --workdir /mnt/bucket/albert_sop --config.scale.variant=base \
       --config.scale.steps=125000 --config.scale.seq_len=512 \
       --config.scale.global_batch=4096 --platform tpu --parallel 3 --devices_per_arm 8
 

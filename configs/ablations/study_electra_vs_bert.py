@@ -5,7 +5,7 @@ pretraining FLOPs.
       --workdir runs/ablate_electra_vs_bert
   # the paper's small size (ELECTRA-Small: 1M steps of batch 128 at length 128):
   python -m launch.ablate --config configs/ablations/study_electra_vs_bert.py \
-      --workdir gs://BUCKET/electra_vs_bert --config.scale.variant=small \
+      --workdir /mnt/bucket/electra_vs_bert --config.scale.variant=small \
       --config.scale.steps=1000000 --config.scale.seq_len=128 \
       --config.scale.global_batch=128 --platform tpu --parallel 2 --devices_per_arm 4
 

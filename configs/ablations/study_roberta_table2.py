@@ -4,7 +4,7 @@
       --workdir runs/ablate_roberta_table2
   # the paper's size on a TPU VM (BERT-base, its 1M steps of batch 256 at length 512):
   python -m launch.ablate --config configs/ablations/study_roberta_table2.py \
-      --workdir gs://BUCKET/roberta_table2 --config.scale.variant=base \
+      --workdir /mnt/bucket/roberta_table2 --config.scale.variant=base \
       --config.scale.steps=1000000 --config.scale.seq_len=512 --config.scale.global_batch=256 \
       --config.scale.learning_rate=1e-4 --platform tpu --parallel 2 --devices_per_arm 4
 

@@ -45,6 +45,10 @@ def _write_json(path, payload):
   os.replace(tmp, path)
 
 
+class Interrupted(RuntimeError):
+  """A SIGTERM stopped the arm's pretraining early: nothing is evaluated."""
+
+
 class Timer:
   """Per-phase seconds in timing.json, added to across attempts."""
 
@@ -243,6 +247,9 @@ def run(study, arm, workdir, steps=None) -> dict:
   out = trainer.train_and_evaluate(config, pretrain_dir)
   if out["setup"] is not None:  # it trained (a finished run returns at once)
     timer.add("pretrain_s", time.perf_counter() - t0)
+  if int(out["step"]) < int(config.train.steps):  # SIGTERM: checkpoint saved, stop here
+    raise Interrupted(f"arm {arm!r}: pretraining stopped at step {out['step']} of "
+                      f"{config.train.steps} (checkpoint saved); rerun to resume")
   share_tokenizer(workdir, config, pretrain_dir, "out")
   final = report.final_eval(pretrain_dir)
   run_rec = _pretrain_record(pretrain_dir, "run")

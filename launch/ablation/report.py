@@ -129,19 +129,25 @@ def write_md(study, rows, path, command="", load="", baseline=None):
       cells.append("—")
     cells.append(f"{r.get('wall_s', 0):.0f}")
     out.append("| " + " | ".join(cells) + " |")
+  from launch.ablation import study as study_lib
   columns = tuple(s.get("paper_columns", ()))
   if columns:
     out += ["", f"## The paper ({s.paper}, {s.table})", "",
             "| arm | paper's name | " + " | ".join(columns) + " | how our arm maps |",
             "|" + "---|" * (len(columns) + 3)]
-    from launch.ablation import study as study_lib
     for name in study_lib.arm_names(s):
       a = s.arms[name]
       paper = tuple(a.get("paper", ())) or ("not checked",) * len(columns)
       out.append(f"| {name} | {a.get('label', name)} | " + " | ".join(str(p) for p in paper)
                  + f" | {a.get('note', '')} |")
-  if s.get("not_run", ()):
-    out += ["", "Not run here:", ""] + [f"- {x}" for x in s.not_run]
+  from launch.ablation import study as study_lib
+  done = {r["arm"] for r in rows}
+  pending = [a for a in study_lib.arm_names(s) if a not in done]
+  not_run = list(s.get("not_run", ())) + [
+      f"{a} ({s.arms[a].get('label', a)}): configured, not run in this work directory "
+      f"(`--arms {a}` adds it)" for a in pending]
+  if not_run:
+    out += ["", "Not run here:", ""] + [f"- {x}" for x in not_run]
   lines = direction(s, rows)
   if lines:
     out += ["", "## Direction (computed)", ""] + lines
