@@ -12,9 +12,9 @@ def arm(config, label, note="", paper=(), overrides=(), match_flops_of=""):
 
 def finetune_rt(**kw):
   """Rotten Tomatoes snippets (docs/finetune_real.py): 2,000 rows, 20% held out, 3 seeds,
-  one epoch (the CPU scale)."""
-  ft = dict(dataset="rt", max_rows=2000, eval_fraction=0.2, split_seed=0, epochs=1,
-            seeds=(0, 1, 2), seq_len=64, global_batch=32, learning_rate=3e-4,
+  two epochs at a tiny model's learning rate (the CPU scale)."""
+  ft = dict(dataset="rt", max_rows=2000, eval_fraction=0.2, split_seed=0, epochs=2,
+            seeds=(0, 1, 2), seq_len=64, global_batch=32, learning_rate=1e-3,
             text_column="text", label_column="label")
   ft.update(kw)
   return ft

@@ -45,6 +45,13 @@ def _write_json(path, payload):
   os.replace(tmp, path)
 
 
+def _default_sigterm():
+  import signal
+  import threading
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 class Interrupted(RuntimeError):
   """A SIGTERM stopped the arm's pretraining early: nothing is evaluated."""
 
@@ -247,6 +254,7 @@ def run(study, arm, workdir, steps=None) -> dict:
   out = trainer.train_and_evaluate(config, pretrain_dir)
   if out["setup"] is not None:  # it trained (a finished run returns at once)
     timer.add("pretrain_s", time.perf_counter() - t0)
+  _default_sigterm()  # the trainer's save-and-stop handler would swallow a later SIGTERM
   if int(out["step"]) < int(config.train.steps):  # SIGTERM: checkpoint saved, stop here
     raise Interrupted(f"arm {arm!r}: pretraining stopped at step {out['step']} of "
                       f"{config.train.steps} (checkpoint saved); rerun to resume")
