@@ -19,6 +19,24 @@ import shlex
 import sys
 
 
+RUNNER_FLAGS = ("parallel", "platform", "devices_per_arm", "arms")
+
+
+def _worker_argv(args):
+  """The command line minus the runner's own flags (`--flag=v` or `--flag v`)."""
+  out, skip = [], False
+  for a in args:
+    if skip:
+      skip = False
+      continue
+    name = a.lstrip("-").split("=", 1)[0]
+    if a.startswith("--") and name in RUNNER_FLAGS:
+      skip = "=" not in a
+      continue
+    out.append(a)
+  return out
+
+
 def main(argv):
   del argv
   from absl import flags
@@ -42,8 +60,7 @@ def main(argv):
       runner.run_worker(study, f.workdir, f.worker_arm)
       return
     # Workers get the same config and overrides (everything but the runner's own flags).
-    own = ("--parallel", "--platform", "--devices_per_arm", "--arms")
-    worker_argv = [a for a in sys.argv[1:] if not a.startswith(own)]
+    worker_argv = _worker_argv(sys.argv[1:])
     command = "python -m launch.ablate " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     arms = tuple(a for a in f.arms.split(",") if a)
     rows, paths = runner.run_study(study, f.workdir, arms, f.parallel, f.platform,

@@ -282,3 +282,11 @@ def test_albert_nsp_arm_trains_the_one_pair_classifier():
   assert albert_ablation.get_config("tiny,setting=e32").model.embedding_size == 32
   c = albert_ablation.get_config("tiny,setting=not_shared")
   assert c.model.num_hidden_groups == c.model.num_hidden_layers
+
+
+def test_workers_get_the_command_line_without_the_runners_flags():
+  from launch import ablate
+  got = ablate._worker_argv(["--config", "s.py", "--parallel", "2", "--workdir=w",
+                             "--devices_per_arm=2", "--config.scale.steps=5", "--arms",
+                             "a,b", "--platform", "cpu"])
+  assert got == ["--config", "s.py", "--workdir=w", "--config.scale.steps=5"]
