@@ -10,10 +10,11 @@ def arm(config, label, note="", paper=(), overrides=(), match_flops_of=""):
               paper=tuple(paper), match_flops_of=match_flops_of)
 
 
-def finetune_rt(**kw):
-  """Rotten Tomatoes snippets (docs/finetune_real.py): 2,000 rows, 20% held out, 3 seeds,
-  two epochs at a tiny model's learning rate (the CPU scale)."""
-  ft = dict(dataset="rt", max_rows=2000, eval_fraction=0.2, split_seed=0, epochs=2,
+def finetune_default(**kw):
+  """BBC News topics (docs/finetune_real.py): 2,000 documents, 20% held out, 3 seeds, two
+  epochs at a tiny model's learning rate (the CPU scale). Rotten Tomatoes ("rt") left a
+  150-step tiny model at the majority class for every seed."""
+  ft = dict(dataset="bbc", max_rows=2000, eval_fraction=0.2, split_seed=0, epochs=2,
             seeds=(0, 1, 2), seq_len=64, global_batch=32, learning_rate=1e-3,
             text_column="text", label_column="label")
   ft.update(kw)
@@ -36,5 +37,5 @@ def study(name, paper, table, question, arms, paper_columns=(), paper_compare=""
   c.not_run = tuple(not_run)
   c.evaluate = ml_collections.ConfigDict(dict(
       mlm=mlm, pair_tasks=tuple(pair_tasks),
-      finetune=finetune if finetune is not None else finetune_rt()))
+      finetune=finetune if finetune is not None else finetune_default()))
   return c
