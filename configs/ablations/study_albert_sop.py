@@ -47,6 +47,6 @@ def get_config():
   c.evaluate = ml_collections.ConfigDict(dict(
       mlm=True, pair_tasks=("nsp", "sop"),
       finetune=dict(dataset="bbc", max_rows=2000, eval_fraction=0.2, split_seed=0,
-                    epochs=2, seeds=(0, 1, 2), seq_len=64, global_batch=32,
+                    epochs=1, seeds=(0, 1, 2), seq_len=64, global_batch=32,
                     learning_rate=1e-3, text_column="text", label_column="label")))
   return c

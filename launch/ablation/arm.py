@@ -279,6 +279,13 @@ def run(study, arm, workdir, steps=None) -> dict:
     if not head:
       continue
     res = _json(path)
+    own = (config.data.packing == "pairs" and config.data.get("pair_task") == task
+           and config.objective.name == PAIR_OBJECTIVE[task])
+    if res is None and own and final.get(f"{task}_accuracy") is not None:
+      # The arm's own task: the trainer's final eval already scored these pairs.
+      res = {"task": task, "head": head, "accuracy": final[f"{task}_accuracy"],
+             "count": final.get(f"{task}_count"), "from": "pretraining eval"}
+      _write_json(path, res)
     if res is None:
       t0 = time.perf_counter()
       res = pair_accuracy(config, pretrain_dir, task)
