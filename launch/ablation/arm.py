@@ -241,6 +241,7 @@ def run(study, arm, workdir, steps=None) -> dict:
   """Runs (or resumes) one arm; returns and writes its result row."""
   from launch import trainer
   from launch.trainer import report
+  workdir = os.path.abspath(workdir)  # Orbax checkpoints need absolute paths
   arm_dir = os.path.join(workdir, "arms", arm)
   pretrain_dir = os.path.join(arm_dir, "pretrain")
   os.makedirs(pretrain_dir, exist_ok=True)

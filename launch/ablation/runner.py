@@ -112,6 +112,7 @@ def run_study(study, workdir, arms=(), parallel=1, platform="cpu", devices_per_a
               worker_argv=None, command=""):
   """Runs the study's arms (all, or `arms`); writes the report; returns the rows."""
   study_lib.check_all(study)
+  workdir = os.path.abspath(workdir)  # Orbax checkpoints need absolute paths
   names = study_lib.arm_names(study)
   for a in arms:
     if a not in names:
@@ -202,5 +203,6 @@ def _run_parallel(study, todo, workdir, state, parallel, platform, per_arm, work
 def run_worker(study, workdir, arm):
   """One arm in this process (a --parallel worker): the parent has claimed it."""
   study_lib.check_all(study)
+  workdir = os.path.abspath(workdir)
   steps = _arm_steps(study, arm, workdir)
   return arm_lib.run(study, arm, workdir, steps)
