@@ -156,7 +156,7 @@ def write_md(study, rows, path, command="", load="", baseline=None):
     f.write("\n".join(out))
 
 
-def plot(study, rows, path):
+def plot(study, rows, path, baseline=None):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -180,8 +180,12 @@ def plot(study, rows, path):
       for i, r in enumerate(rows):
         seeds = [100 * v for v in r.get("downstream_seeds", [])]
         ax.plot([i] * len(seeds), seeds, "k.", ms=5)
-      lo = min([v for r in rows for v in r.get("downstream_seeds", [])] or [0.5]) * 100
-      ax.set_ylim(max(0, lo - 5), None)
+      values = [v for r in rows for v in r.get("downstream_seeds", [])] or [0.5]
+      if baseline is not None:
+        ax.axhline(100 * baseline, color="red", ls="--", lw=1, label="majority class")
+        ax.legend(fontsize=7)
+        values.append(baseline)
+      ax.set_ylim(max(0, 100 * min(values) - 5), None)
     elif kind == "mlm":
       ax.bar(x, [100 * (r.get("mlm_accuracy") or 0) for r in rows], color="tab:green",
              alpha=0.7)
@@ -208,5 +212,5 @@ def write_all(study, rows, workdir, command="", load="", baseline=None):
   paths = {k: os.path.join(workdir, f"results.{k}") for k in ("csv", "md", "png")}
   write_csv(study, rows, paths["csv"])
   write_md(study, rows, paths["md"], command, load, baseline)
-  plot(study, rows, paths["png"])
+  plot(study, rows, paths["png"], baseline)
   return paths
