@@ -95,7 +95,8 @@ def write_md(study, rows, path, command="", load="", baseline=None):
   if ft is not None:
     out.append(f"Downstream: {ft.dataset} ({int(ft.get('max_rows', -1))} rows max, "
                f"{float(ft.get('eval_fraction', 0.2)):.0%} held out with split seed "
-               f"{int(ft.get('split_seed', 0))}), {int(ft.get('epochs', 2))} epochs, seq "
+               f"{int(ft.get('split_seed', 0))}), {int(ft.get('epochs', 2))} "
+               f"epoch{'s' if int(ft.get('epochs', 2)) != 1 else ''}, seq "
                f"{int(ft.get('seq_len', 64))}, seeds {tuple(ft.seeds)}; accuracy of the "
                "last epoch"
                + (f"; always predicting the majority class {100 * baseline:.1f}%"
