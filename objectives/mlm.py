@@ -33,7 +33,15 @@ class MaskedLM(Objective):
     self.cfg = config.objective
     self.pair = _PAIR_OF[self.name]
     model_cfg = config.model
-    needed = ("mlm",) + ((PAIR_TASKS[self.pair][0],) if self.pair else ())
+    # objective.pair_head (optional): the model head that classifies the pairs, when it
+    # is not the task's own (ALBERT's "sop" classifier trained on NSP pairs; an ablation
+    # runner scoring one pair task's head on the other's pairs).
+    self.pair_head = (optional(config, "objective", "pair_head", "") or
+                      (PAIR_TASKS[self.pair][0] if self.pair else ""))
+    if self.pair and self.pair_head not in PAIR_TASKS:
+      raise ValueError(f"objective.pair_head={self.pair_head!r}; expected one of "
+                       f"{tuple(PAIR_TASKS)}")
+    needed = ("mlm",) + ((self.pair_head,) if self.pair else ())
     unused = tuple(h for h, _, _ in PAIR_TASKS.values() if h not in needed)
     select_heads(model_cfg, needed, unused, self.name)
     packing = optional(config, "data", "packing", "documents")
@@ -107,7 +115,8 @@ class MaskedLM(Objective):
                                              batch["mlm_weights"])
     terms = {"mlm": metrics["mlm_loss_sum"]}
     if self.pair:
-      _, field, label = PAIR_TASKS[self.pair]
+      label = PAIR_TASKS[self.pair][2]
+      field = PAIR_TASKS[self.pair_head][1]
       _, pair_metrics = losses.sequence_classification_loss(
           getattr(out, field), jnp.maximum(batch[label], 0), self._pair_weights(batch),
           prefix=self.pair)

@@ -1,0 +1,41 @@
+"""Helpers for the study files (configs/ablations/study_*.py, run by launch.ablate):
+the shared defaults of a CPU-scale study and the arm record."""
+import ml_collections
+
+NOT_CHECKED = "not checked"
+
+
+def arm(config, label, note="", paper=(), overrides=(), match_flops_of=""):
+  return dict(config=config, overrides=tuple(overrides), label=label, note=note,
+              paper=tuple(paper), match_flops_of=match_flops_of)
+
+
+def finetune_default(**kw):
+  """BBC News topics (docs/finetune_real.py): 2,000 documents, 20% held out, 3 seeds, two
+  epochs at a tiny model's learning rate (the CPU scale). Rotten Tomatoes ("rt") left a
+  150-step tiny model at the majority class for every seed."""
+  ft = dict(dataset="bbc", max_rows=2000, eval_fraction=0.2, split_seed=0, epochs=2,
+            seeds=(0, 1, 2), seq_len=64, global_batch=32, learning_rate=1e-3,
+            text_column="text", label_column="label")
+  ft.update(kw)
+  return ft
+
+
+def study(name, paper, table, question, arms, paper_columns=(), paper_compare="",
+          not_run=(), mlm=True, pair_tasks=(), finetune=None, steps=150, seq_len=64,
+          global_batch=32, variant="tiny"):
+  """A study ConfigDict; `arms` is a list of (name, arm(...)) in run order."""
+  c = ml_collections.ConfigDict()
+  c.name, c.paper, c.table, c.question = name, paper, table, question
+  c.scale = ml_collections.ConfigDict(dict(
+      variant=variant, steps=steps, seq_len=seq_len, global_batch=global_batch,
+      checkpoint_every=max(1, steps // 2), learning_rate=0.0))
+  c.paper_columns = tuple(paper_columns)
+  c.paper_compare = paper_compare
+  c.order = tuple(n for n, _ in arms)
+  c.arms = ml_collections.ConfigDict({n: a for n, a in arms})
+  c.not_run = tuple(not_run)
+  c.evaluate = ml_collections.ConfigDict(dict(
+      mlm=mlm, pair_tasks=tuple(pair_tasks),
+      finetune=finetune if finetune is not None else finetune_default()))
+  return c
