@@ -41,12 +41,16 @@ def test_prediction_budget():
 
 
 def test_configs_resolve_the_budget_from_seq_len():
-  assert _objective(_config()).max_predictions == 20
   c = _config()
+  c.data.seq_len = 64  # the tiny recipe's rows
+  assert _objective(c).max_predictions == 10
+  c.data.seq_len = 128
+  assert _objective(c).max_predictions == 20
   c.data.seq_len = 256
   assert _objective(c).max_predictions == 39
   c = bert_pretraining.get_config("tiny,setting=mask40").unlock()
   c.model.num_hidden_layers, c.model.vocab_size = 1, 512
+  c.data.seq_len = 128
   assert _objective(c).max_predictions == 52
   c = _config(max_predictions=20)
   c.data.seq_len = 256
@@ -138,7 +142,9 @@ def test_padding_rows_count_nowhere():
 
 
 def test_flops_count_the_budget_and_three_times_for_training():
-  objective = _objective(_config())
+  c = _config()
+  c.data.seq_len = 128
+  objective = _objective(c)
   cfg = objective.model.config
   fwd = encoders.forward_flops(cfg, 128, 20)
   assert objective.flops_per_example(128) == pytest.approx(3 * fwd)
