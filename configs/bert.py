@@ -45,7 +45,7 @@ def get_config(arg="base"):
   c.data.packing = "pairs"
   c.data.seq_len = 128
   if a.variant == "tiny":
-    # The README's main job: ~5 minutes on a 2-core CPU on the embedded default corpus.
+    # The README's main job: ~6 minutes on an idle 2-core CPU on the embedded default corpus.
     c.tokenizer.vocab_size = 8000
     # Rows of 64 tokens, 64 a batch: the same 4,096 tokens a step as 32 x 128, slightly
     # fewer FLOPs (1.45e10 vs 1.53e10 a step). At width 128 BERT's N(0, 0.02) init leaves
