@@ -14,9 +14,10 @@ objective or a batch key. An objective states:
 - `after_init(params, shardings)`: runs once on the initialised, sharded params of a new
   run (not on a resume); may load weights (`init_from`, a teacher), placed with
   `shardings`;
-- `transform(batch, rng)`: the on-device batch transform (dynamic masking, ...) of the
-  whole global batch, before any accumulation split, so its result does not depend on
-  how the batch is split;
+- `transform(batch, rng, train=True)`: the on-device batch transform (dynamic masking,
+  ...) of the whole global batch, before any accumulation split, so its result does not
+  depend on how the batch is split; `train=False` for held-out batches (the eval step,
+  the baselines), which may be masked at another rate (`objective.eval_mask_rate`);
 - `normalizers(batch)`: per loss term, the global normalizer computed from the whole
   transformed batch (MLM: the total mask weight; NSP/SOP: the number of counted pairs);
 - `loss(params, batch, rng, train)`: (term SUMS, metric SUMS) on a transformed
@@ -25,7 +26,9 @@ objective or a batch key. An objective states:
   the full-batch gradient exactly; metric sums add up across micro-batches, devices and
   eval batches (`objectives.losses.finalize_metrics` turns them into means);
 - `flops_per_example(seq_len)`: model FLOPs of one example of a train step (trained
-  modules forward + backward = 3x forward, frozen ones forward only);
+  modules forward + backward = 3x forward, frozen ones forward only); with `train=False`
+  the inference forward, which runs only `forward_modules` (default: the trained ones;
+  ELECTRA: the discriminator, not the generator; distillation: the student);
 - `batch_spec()`: the arrays it reads and how to synthesise valid ones (objectives/spec.py);
 - `check_batch(batch)`: host-side validation of a pipeline batch (no silent clamping);
 - `baselines(train_batches, eval_items)`: trivial predictors scored on exactly the
@@ -34,7 +37,7 @@ objective or a batch key. An objective states:
 - `export(params, path, tokenizer)`: an HF directory (weights, config, tokenizer).
 `reference_inputs` / `reference_diff` serve `launch.bench --compare-hf`.
 """
-from typing import Callable, Dict, Iterable, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -81,6 +84,8 @@ class Objective:
   modules: Dict[str, nn.Module]
   trained: Tuple[str, ...] = ("encoder",)
   frozen: Tuple[str, ...] = ()
+  # the modules an inference forward runs (`forward`, bench --mode forward); None: `trained`
+  forward_modules: Optional[Tuple[str, ...]] = None
   term_weights: Dict[str, float] = {}  # loss term -> weight in `combine` (default 1)
   tokenizer = None
 
@@ -109,7 +114,7 @@ class Objective:
 
   # -------------------------------------------------------------------- the step
 
-  def transform(self, batch, rng) -> Dict:
+  def transform(self, batch, rng, train: bool = True) -> Dict:
     return batch
 
   def normalizers(self, batch) -> Dict[str, jax.Array]:
@@ -136,11 +141,15 @@ class Objective:
   def flops_per_example(self, seq_len: int, train: bool = True,
                         all_positions: bool = False) -> float:
     """FLOPs of one example: in a train step, trained modules count forward + backward
-    (3x forward) and frozen ones forward only; `train=False`: forward only."""
+    (3x forward) and frozen ones forward only; `train=False`: the forward of
+    `forward_modules` only (what an inference forward runs)."""
+    if not train:
+      names = self.forward_modules if self.forward_modules is not None else self.trained
+      return sum(self.module_flops(n, seq_len, all_positions) for n in names)
     total = 0.0
     for name in self.modules:
       f = self.module_flops(name, seq_len, all_positions)
-      total += (3.0 if train and name in self.trained else 1.0) * f
+      total += (3.0 if name in self.trained else 1.0) * f
     return total
 
   # -------------------------------------------------------------------- batches

@@ -199,10 +199,14 @@ class ReplacedTokenDetection(Objective):
     self.seq_len = int(config.data.seq_len)
     self.max_predictions = masking.prediction_budget(c.mask_rate, self.seq_len,
                                                      int(c.max_predictions))
+    self.eval_mask_rate = masking.eval_rate(c)  # held-out batches (0 = mask_rate)
+    self.eval_max_predictions = masking.prediction_budget(
+        self.eval_mask_rate, self.seq_len, int(c.max_predictions))
     self.generator = encoders.build(self.generator_config)
     self.discriminator = with_rtd_head(encoders.build(config.model))
     self.modules = {"generator": self.generator, "discriminator": self.discriminator}
     self.trained, self.frozen = ("generator", "discriminator"), ()
+    self.forward_modules = ("discriminator",)  # inference scores with the discriminator
     self.term_weights = {"mlm": 1.0, "rtd": self.disc_weight}
     self.tokenizer = tokenizer
     self.vocab_size = tokenizer.vocab_size
@@ -258,13 +262,15 @@ class ReplacedTokenDetection(Objective):
 
   # -------------------------------------------------------------------- the step
 
-  def transform(self, batch, rng):
-    """Masking of the whole (global) batch; the original ids are kept for the labels."""
+  def transform(self, batch, rng, train=True):
+    """Masking of the whole (global) batch; the original ids are kept for the labels.
+    Held-out batches (`train=False`) are masked at `eval_mask_rate`."""
     c = self.cfg
-    m = self.max_predictions or None
+    rate = float(c.mask_rate) if train else self.eval_mask_rate
+    m = (self.max_predictions if train else self.eval_max_predictions) or None
     masked = masking.mask_tokens(
         rng, batch["input_ids"], batch["special_tokens_mask"], vocab_size=self.vocab_size,
-        mask_id=self.mask_id, mask_rate=c.mask_rate, mask_token_prob=c.mask_token_prob,
+        mask_id=self.mask_id, mask_rate=rate, mask_token_prob=c.mask_token_prob,
         random_token_prob=c.random_token_prob, word_starts=batch.get("word_starts"),
         whole_word=c.whole_word, max_predictions=m)
     out = dict(batch, input_ids=masked["input_ids"], original_ids=batch["input_ids"],
@@ -355,7 +361,7 @@ class ReplacedTokenDetection(Objective):
     the eval itself as rtd_all_original_accuracy, since the replaced tokens depend on the
     generator at that step."""
     if self._host_transform is None:
-      self._host_transform = jax.jit(self.transform)
+      self._host_transform = jax.jit(functools.partial(self.transform, train=False))
     counts = np.zeros(self.vocab_size, np.int64)
     for b in train_batches:
       ids = np.asarray(b["input_ids"])[~np.asarray(b["special_tokens_mask"], bool)]
@@ -434,6 +440,7 @@ class ReplacedTokenDetection(Objective):
     return {"name": self.name, "sharing": self.sharing, "disc_weight": self.disc_weight,
             "temperature": self.temperature, "rtd_positions": self.rtd_positions,
             "max_predictions": self.max_predictions, "mask_rate": float(self.cfg.mask_rate),
+            "eval_mask_rate": self.eval_mask_rate,
             "generator": {"hidden_size": g.hidden_size, "num_hidden_layers": g.num_hidden_layers,
                           "num_attention_heads": g.num_attention_heads,
                           "intermediate_size": g.intermediate_size},
@@ -487,7 +494,7 @@ def held_out_auc(objective, params, eval_items) -> dict:
   transformed and corrupted exactly as the eval step does)."""
   @jax.jit
   def scores(params, batch, key):
-    batch = objective.transform(batch, key)
+    batch = objective.transform(batch, key, train=False)
     gen_p, disc_p = objective.model_params(params)
     _, k_sample, _ = jax.random.split(key, 3)
     g = objective._apply(objective.generator, gen_p, batch["input_ids"], batch, False, None,
