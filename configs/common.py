@@ -51,6 +51,9 @@ def base_config():
   # data.packing=pairs, data.pair_task=sop)
   c.objective.name = "mlm"
   c.objective.mask_rate = 0.15
+  # The rate held-out batches are masked at (eval step and baselines); 0 = mask_rate. A
+  # recipe that trains at a higher rate can still be scored at BERT's 15%.
+  c.objective.eval_mask_rate = 0.0
   c.objective.mask_token_prob = 0.8  # of the selected tokens: 80% [MASK]
   c.objective.random_token_prob = 0.1  # 10% random token, the rest unchanged
   c.objective.whole_word = False

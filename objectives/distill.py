@@ -395,4 +395,5 @@ class Distillation(mlm.MaskedLM):
                                                 self.alphas.items()},
             "ce_positions": self.cfg.ce_positions, "student_init": self.cfg.student_init,
             "max_predictions": self.max_predictions, "mask_rate": float(self.cfg.mask_rate),
+            "eval_mask_rate": self.eval_mask_rate,
             **self.init_report}

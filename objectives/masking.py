@@ -45,6 +45,17 @@ import jax.numpy as jnp
 __all__ = ["mask_tokens", "special_tokens_mask_from_ids", "prediction_budget"]
 
 
+def eval_rate(cfg) -> float:
+  """The masking rate of held-out batches: `objective.eval_mask_rate`, where 0 (the
+  default) means the training `mask_rate`. A recipe may train at a higher rate than it is
+  scored at (e.g. 30% in training, 15% held out, so its eval stays comparable with BERT's)."""
+  rate = float(cfg.get("eval_mask_rate", 0.0) or 0.0)
+  if rate == 0.0:
+    return float(cfg.mask_rate)
+  _check_prob("eval_mask_rate", rate)
+  return rate
+
+
 def prediction_budget(mask_rate: float, seq_len: int, max_predictions: int) -> int:
   """How many masked positions per row the MLM head is computed on (the width M of the
   gathered `masked_positions`), from `objective.max_predictions`:

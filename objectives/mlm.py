@@ -8,6 +8,8 @@ partial eval batch and is counted nowhere. MLM never masks padding or special to
 `objective.max_predictions` sets how many positions the MLM head runs on
 (`masking.prediction_budget`: 0 every position, -1 auto = ceil(mask_rate * seq_len)).
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,6 +57,10 @@ class MaskedLM(Objective):
     # Raises at construction when an explicit cap is too small for the rate.
     self.max_predictions = masking.prediction_budget(
         self.cfg.mask_rate, self.seq_len, int(self.cfg.max_predictions))
+    # Held-out batches: their own rate and budget (objective.eval_mask_rate, 0 = mask_rate)
+    self.eval_mask_rate = masking.eval_rate(self.cfg)
+    self.eval_max_predictions = masking.prediction_budget(
+        self.eval_mask_rate, self.seq_len, int(self.cfg.max_predictions))
     self.model_config = model_cfg
     self.model = encoders.build(model_cfg)
     self.modules = {"encoder": self.model}
@@ -73,13 +79,15 @@ class MaskedLM(Objective):
 
   # -------------------------------------------------------------------- the step
 
-  def transform(self, batch, rng):
-    """Dynamic masking of the whole (global) batch, before any micro-batch split."""
+  def transform(self, batch, rng, train=True):
+    """Dynamic masking of the whole (global) batch, before any micro-batch split; held-out
+    batches (`train=False`) at `eval_mask_rate`."""
     c = self.cfg
-    m = self.max_predictions or None
+    rate = float(c.mask_rate) if train else self.eval_mask_rate
+    m = (self.max_predictions if train else self.eval_max_predictions) or None
     masked = masking.mask_tokens(
         rng, batch["input_ids"], batch["special_tokens_mask"], vocab_size=self.vocab_size,
-        mask_id=self.mask_id, mask_rate=c.mask_rate, mask_token_prob=c.mask_token_prob,
+        mask_id=self.mask_id, mask_rate=rate, mask_token_prob=c.mask_token_prob,
         random_token_prob=c.random_token_prob, word_starts=batch.get("word_starts"),
         whole_word=c.whole_word, max_predictions=m)
     out = dict(batch, input_ids=masked["input_ids"])
@@ -163,7 +171,7 @@ class MaskedLM(Objective):
     """The most frequent training token, scored at exactly the eval's masked positions
     (the same keys give the same masks); with a pair task, its most frequent label."""
     if self._host_transform is None:
-      self._host_transform = jax.jit(self.transform)
+      self._host_transform = jax.jit(functools.partial(self.transform, train=False))
     counts = np.zeros(self.vocab_size, np.int64)
     label = PAIR_TASKS[self.pair][2] if self.pair else None
     label_counts = np.zeros(2, np.int64)
@@ -208,7 +216,7 @@ class MaskedLM(Objective):
 
   def describe(self):
     return {"name": self.name, "max_predictions": self.max_predictions,
-            "mask_rate": float(self.cfg.mask_rate)}
+            "mask_rate": float(self.cfg.mask_rate), "eval_mask_rate": self.eval_mask_rate}
 
   def reference_inputs(self, batch, train, seed=0):
     b = batch

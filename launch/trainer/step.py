@@ -86,7 +86,7 @@ def make_train_step(objective, tx, schedule, accum: int, train_cfg=None):
 def make_eval_step(objective):
   def eval_step(state: TrainState, batch, index):
     key = eval_key(index)
-    batch = objective.transform(batch, key)
+    batch = objective.transform(batch, key, train=False)  # held-out masking rate
     _, sums = objective.loss({**state.params, **state.frozen}, batch, key, False)
     return sums
   return eval_step

@@ -189,3 +189,35 @@ def test_sop_objective_reads_sop_logits_and_sentence_order_labels(monkeypatch):
   assert base["sop_count"] == 3 and "sop_majority_accuracy" in base
   x = objective.reference_inputs(b, True)
   assert set(x) >= {"labels", "sentence_order_label"} and x["sentence_order_label"].min() >= 0
+
+
+def test_eval_mask_rate_fixes_the_held_out_masks_while_training_masks_more():
+  """A recipe trains at 30% and is scored at 15%: the eval step and the baselines mask
+  held-out batches at eval_mask_rate, training batches at mask_rate; 0 = the same rate."""
+  from launch.trainer.step import TrainState, make_eval_step
+  c = _config(mask_rate=0.3, eval_mask_rate=0.15)
+  c.data.seq_len = 64
+  objective = _objective(c)
+  assert (objective.max_predictions, objective.eval_max_predictions) == (20, 10)
+  assert objective.describe()["eval_mask_rate"] == 0.15
+  b = objective.batch_spec().synthesize([[64]] * 32, 64)
+  real = float((~np.asarray(b["special_tokens_mask"], bool)).sum())
+  train = objective.transform(b, eval_key(0))
+  held = objective.transform(b, eval_key(0), train=False)
+  assert np.asarray(train["masked_positions"]).shape[1] == 20
+  assert np.asarray(held["masked_positions"]).shape[1] == 10
+  assert float(np.asarray(train["mlm_weights"]).sum()) / real == pytest.approx(0.3, abs=0.02)
+  n_held = float(np.asarray(held["mlm_weights"]).sum())
+  assert n_held / real == pytest.approx(0.15, abs=0.02)
+  # the eval step scores exactly the held-out masks, and the baseline counts the same ones
+  params = nn.unbox(objective.init(jax.random.PRNGKey(0)))
+  state = TrainState(step=0, params=params, frozen={}, opt_state=None,
+                     rng=jax.random.PRNGKey(0))
+  sums = make_eval_step(objective)(state, b, 0)
+  assert float(sums["mlm_weight_sum"]) == n_held
+  assert objective.baselines([b], [(b, eval_key(0))])["mlm_count"] == n_held
+  # unset (0): held-out batches use the training rate
+  same = _objective(_config(mask_rate=0.3))
+  assert same.eval_mask_rate == 0.3 and same.eval_max_predictions == 20
+  with pytest.raises(ValueError, match="eval_mask_rate"):
+    _objective(_config(eval_mask_rate=1.5))

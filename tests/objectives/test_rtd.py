@@ -186,6 +186,8 @@ def test_flops_count_both_networks():
   f = obj.flops_per_example(32)
   gen, disc = obj.module_flops("generator", 32), obj.module_flops("discriminator", 32)
   assert f == 3 * (gen + disc) and 0 < gen < disc
+  # an inference forward scores with the discriminator alone: the generator is not run
+  assert obj.flops_per_example(32, train=False) == disc
   import encoders
   assert disc == encoders.forward_flops(obj.model_config, 32)  # ELECTRA counts its rtd head
 
