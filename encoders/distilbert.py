@@ -109,7 +109,7 @@ class DistilBert(model.Encoder):
             embedding_size=c.hidden_size, max_position_embeddings=c.max_position_embeddings,
             type_vocab_size=0, sinusoidal_positions=bool(c.sinusoidal_pos_embds),
             layer_norm_eps=c.layer_norm_eps, dropout_rate=c.hidden_dropout_prob,
-            init_std=std, dtype=dtype),
+            init_std=std, dtype=dtype, position_init=c.get("position_init", "normal")),
         stack=functools.partial(layers.Stack, c.num_hidden_layers, lambda i: block,
                                 scan=c.get("scan_layers", False)),
         heads={"mlm": functools.partial(heads.MlmHead, c.vocab_size, c.hidden_size,

@@ -258,6 +258,18 @@ def test_bert_position_init_reaches_the_model():
   np.testing.assert_allclose(table, want, rtol=1e-6, atol=1e-7)
 
 
+def test_distilbert_position_init_reaches_the_model():
+  """DistilBERT shares BERT's model section, position_init included; it must not be
+  silently dropped (a learned table starts from the sinusoidal init when asked)."""
+  cfg = encoders.family_defaults("distilbert")
+  cfg.update(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+             intermediate_size=32, max_position_embeddings=24, position_init="sinusoidal")
+  params = encoders.init_params(encoders.build(cfg), jax.random.PRNGKey(0))
+  table = np.asarray(params["embeddings"]["position_embeddings"]["embedding"])
+  want = 0.02 * np.sqrt(2.0) * np.asarray(layers.sinusoidal_table(24, 16))
+  np.testing.assert_allclose(table, want, rtol=1e-6, atol=1e-7)
+
+
 def nn_unbox(x):
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   return nn.unbox(x)
