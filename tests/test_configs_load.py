@@ -33,6 +33,26 @@ def test_locked_configs_refuse_unknown_keys():
     bert_pretraining.get_config("tiny,setting=bogus")
 
 
+def test_main_job_trains_at_30_percent_and_is_scored_at_15():
+  """The README's main job: tiny's model and optimizer, MLM alone on packed documents,
+  masked at 30% in training and at 15% on the held-out batches; the README names it."""
+  import pathlib
+  from launch import synthetic
+  import objectives
+  c, tiny = bert.get_config("tiny-mlm"), bert.get_config("tiny")
+  assert c.is_locked and c.objective.name == "mlm" and tuple(c.model.heads) == ("mlm",)
+  assert c.data.packing == "documents" and c.train.steps == 800
+  for k in ("num_hidden_layers", "hidden_size", "initializer_range", "position_init"):
+    assert c.model[k] == tiny.model[k]
+  assert c.optimizer.to_dict() == tiny.optimizer.to_dict()
+  assert (c.data.seq_len, c.data.global_batch) == (tiny.data.seq_len, tiny.data.global_batch)
+  obj = objectives.get_objective(c, synthetic.SyntheticTokenizer.for_model(c.model))
+  assert (obj.cfg.mask_rate, obj.eval_mask_rate) == (0.3, 0.15)
+  assert (obj.max_predictions, obj.eval_max_predictions) == (20, 10)  # rows of 64
+  readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+  assert "--config configs/bert.py:tiny-mlm --workdir runs/bert_tiny" in readme
+
+
 def test_roberta_has_no_nsp():
   c = roberta.get_config("base")
   assert tuple(c.model.heads) == ("mlm",) and c.objective.name == "mlm"
