@@ -1,6 +1,6 @@
 """DistilBERT (Sanh et al. 2019): the model, and knowledge distillation into it.
 
-  # distil the README's main job (configs/bert.py:tiny in runs/bert_tiny) into 2 layers
+  # distil the README's main job (configs/bert.py:tiny-mlm in runs/bert_tiny) into 2 layers
   python -m launch.pretrain --config configs/distilbert.py:tiny \\
       --config.objective.teacher=runs/bert_tiny --workdir runs/distil_tiny
   # the same student from scratch with MLM only (the comparison)
@@ -10,9 +10,10 @@
       --config.objective.teacher=/path/to/bert-base-uncased --workdir gs://BUCKET/distilbert
 
 Variants:
-  tiny      distillation: student DistilBERT L2/H128, teacher BERT tiny (L2/H128; its
-            architecture and tokenizer come from `objective.teacher`, a finished work
-            directory or an HF directory), the tiny BERT's data, batch and schedule.
+  tiny      distillation: student DistilBERT L2/H128, teacher the main job's BERT
+            (configs/bert.py:tiny-mlm, L2/H128; its architecture and tokenizer come from
+            `objective.teacher`, a finished work directory or an HF directory); the
+            student takes the main job's data, batch, schedule, masking and init.
   tiny_mlm  the same student, same data and schedule, trained from scratch with MLM.
   base      DistilBERT-base (L6/H768, 66M) trained with MLM: the model that
             `launch.bench --compare-hf` measures against transformers' DistilBERT.
@@ -66,12 +67,22 @@ def get_config(arg="base"):
   c.objective.max_predictions = -1  # auto: ceil(0.15 * seq_len)
   c.data.packing = "documents"  # no sentence pairs: DistilBERT drops NSP
   if size == "tiny":
-    teacher = bert_configs.get_config("tiny")
+    # The README's main job (configs/bert.py:tiny-mlm) is the teacher, and the student
+    # takes its whole recipe: data, batch, schedule, masking (30% trained, 15% held out),
+    # dropout 0 and the init that lets a width-128 model use positions (initializer_range
+    # 0.06, sinusoidal-initialised learned positions; with BERT's 0.02 the student learns
+    # a bag of words, docs/first_hour.md). Only the objective differs between the arms.
+    teacher = bert_configs.get_config("tiny-mlm")
     c.tokenizer = ml_collections.ConfigDict(teacher.tokenizer.to_dict())
     for section in ("optimizer", "train", "checkpoint"):
       c[section] = ml_collections.ConfigDict(teacher[section].to_dict())
     c.data.seq_len = teacher.data.seq_len
     c.data.global_batch = teacher.data.global_batch
+    for k in ("initializer_range", "position_init", "hidden_dropout_prob",
+              "attention_probs_dropout_prob"):
+      c.model[k] = teacher.model[k]
+    c.objective.mask_rate = teacher.objective.mask_rate
+    c.objective.eval_mask_rate = teacher.objective.eval_mask_rate
     if a.variant == "tiny":
       tm = teacher.model.unlock()
       tm.heads = ("mlm",)
