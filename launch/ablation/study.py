@@ -25,7 +25,7 @@ A study file (configs/ablations/study_*.py) defines `get_config()` returning a C
   not_run     ("PAPER ARM: why it is not run here", ...)
   evaluate    mlm (report held-out MLM accuracy), pair_tasks (score an arm's pair head on
               each of these tasks' held-out pairs: the cross-task check), finetune
-              (dataset: "rt" | "bbc" (docs/finetune_real.py's archives) or a .csv/.tsv/
+              (dataset: "rt" | "bbc" (launch/data/real_datasets.py's archives) or a .csv/.tsv/
               .jsonl path; max_rows, eval_fraction, split_seed, epochs, seeds, seq_len,
               global_batch, learning_rate, text_column, label_column)
 """
