@@ -6,11 +6,12 @@ Turc et al. 2019's compact BERTs — base (L12/H768), large (L24/H1024). `tiny-m
 README's main job: tiny's model and optimizer, MLM alone on packed documents, trained at a
 30% masking rate and scored at BERT's 15% (`objective.eval_mask_rate`), 800 steps.
 
-TPU recipe (every variant but `tiny`): attention_probs_dropout_prob = 0, as ModernBERT
-and MosaicBERT train, so `attention_impl: auto` can run the Splash kernel on TPU (it has
-no attention-probability dropout; with dropout > 0 training would take the einsum path
-and the run's log says so). Hidden dropout stays at BERT's 0.1. `tiny` (the CPU main job)
-keeps BERT's attention dropout; its recipe is for a few minutes on a CPU: rows of 64
+TPU recipe (every variant but the tiny ones): attention_probs_dropout_prob = 0, as
+ModernBERT and MosaicBERT train, so `attention_impl: auto` can run the Splash kernel on TPU
+(it has no attention-probability dropout; with dropout > 0 training would take the einsum
+path and the run's log says so). Hidden dropout stays at BERT's 0.1. `tiny` (BERT's
+MLM+NSP recipe at CPU scale) keeps BERT's dropout; `tiny-mlm` has none. Both are for a few
+minutes on a CPU: rows of 64
 tokens (batch 64), initializer_range 0.06 and sinusoidal-initialized learned positions
 (`model.position_init`), lr 2e-3; the comment in get_config says why. The TPU recipe
 also pads the embedding table to a multiple of 128 rows (vocab_pad_multiple; 30522 ->
