@@ -91,7 +91,6 @@ def run_trainer(path, task, args, seed, workdir):
   split, labels), AdamW, linear decay, no warmup, clip 1.0, the same epochs."""
   import torch
   import transformers as T
-
   from launch.data import finetune_data as fd
   from objectives import task_metrics as tm
   tok = fd.load_tokenizer(args.model)

