@@ -172,7 +172,8 @@ class LayerStack(nn.Module):
     x = self.block(0)(name="layer_0")(x, inputs, deterministic)
     if not self.scan:
       for i in range(1, self.num_layers):
-        x = self.block(i)(name=f"layer_{i}")(x, inputs, deterministic)
+        x = self.block(i)(name=f"layer_{i}")(layers.cotangent_barrier(x), inputs,
+                                             deterministic)
       return x
     body = layers.Stack(self.num_layers - 1, lambda j: self.block(j + 1), scan=True,
                         period=self.period, name="body")

@@ -24,5 +24,6 @@ from encoders.layers.kernels import (SPLASH_BLOCKS, attention_head_major,
                                      attention_scores_einsum, rotary, splash_attention)
 from encoders.layers.attention import MultiHeadAttention
 from encoders.layers.blocks import EncoderBlock, Mlp, Sequence
-from encoders.layers.stack import (SCANNED_LAYERS, Stack, remat_block, stack_layer_params,
+from encoders.layers.stack import (SCANNED_LAYERS, Stack, cotangent_barrier, remat_block,
+                                   stack_layer_params,
                                    unstack_layer_params)

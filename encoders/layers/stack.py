@@ -41,6 +41,45 @@ def remat_block(block_cls, policy: str):
   return nn.remat(block_cls, policy=_REMAT_POLICIES[policy], static_argnums=(3,))
 
 
+@jax.custom_vjp
+def cotangent_barrier(x):
+  """Identity whose backward makes XLA's CPU backend materialise the incoming cotangent.
+
+  Why: in a pre-LN stack (ModernBERT) the residual stream's gradient is one elementwise
+  chain from the final norm down to layer 0: adds, and the norms' backward terms (their
+  reductions and the dots come in as separate buffers). XLA CPU's fusion pass duplicates
+  elementwise producers into every consumer, so each layer's gradient fusion recomputed
+  the whole chain above it: the unrolled backward's work grew as L^2 (ModernBERT-base,
+  22 layers: a train step 3x transformers'; its compiled HLO had 2.3x the lines at
+  L=16 that it had at L=8). A loop boundary is the one cut that pass respects
+  (`jax.lax.optimization_barrier` is removed before it, and divisions are duplicated
+  too), so on CPU the cotangent goes through a one-trip `while` loop; the trip count
+  and the factor are a runtime 1 (1 + 0 * g[0, ..., 0]) that XLA cannot fold away. A
+  NaN or inf there makes it NaN: 0 trips, g unchanged. Elsewhere (TPU, GPU) it is a plain
+  identity, chosen when lowering (`jax.lax.platform_dependent`). Values and gradients
+  are unchanged on every platform.
+  """
+  return x
+
+
+def _barrier_fwd(x):
+  return x, None
+
+
+def _loop_cut(g):
+  one = 1.0 + 0.0 * g[(0,) * g.ndim]
+  _, g = jax.lax.while_loop(lambda c: c[0] < one.astype(jnp.int32),
+                            lambda c: (c[0] + 1, c[1] * one), (jnp.int32(0), g))
+  return g
+
+
+def _barrier_bwd(_, g):
+  return (jax.lax.platform_dependent(g, cpu=_loop_cut, default=lambda g: g),)
+
+
+cotangent_barrier.defvjp(_barrier_fwd, _barrier_bwd)
+
+
 def _runs(mapping: Seq[int]):
   """[(param set, first layer, number of consecutive layers)] of a layer -> set mapping."""
   runs = []
@@ -86,11 +125,12 @@ class Stack(nn.Module):
           x, _ = scanned(sets[j], x, inputs)
         else:
           for _ in range(length):
-            x = sets[j](x, inputs, deterministic)
+            x = sets[j](cotangent_barrier(x), inputs, deterministic)
       return x
     if not self.scan:
       for i in range(self.num_layers):
-        x = self.block(i)(name=f"{self.param_name}_{i}")(x, inputs, deterministic)
+        x = self.block(i)(name=f"{self.param_name}_{i}")(cotangent_barrier(x), inputs,
+                                                          deterministic)
       return x
     p = self.period
     repeats = self.num_layers // p
@@ -103,7 +143,8 @@ class Stack(nn.Module):
                         metadata_params={nn.PARTITION_NAME: SCANNED_LAYERS})
       x, _ = scanned(unit(name=SCANNED_LAYERS), x, inputs)
     for i in range(repeats * p, self.num_layers):
-      x = self.block(i)(name=f"{self.param_name}_{i}")(x, inputs, deterministic)
+      x = self.block(i)(name=f"{self.param_name}_{i}")(cotangent_barrier(x), inputs,
+                                                        deterministic)
     return x
 
 
