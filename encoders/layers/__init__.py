@@ -7,7 +7,8 @@
   kernels.py     attention kernels: einsum reference, CPU layout, Splash (TPU), rotary
   attention.py   MultiHeadAttention over the kernels
   blocks.py      Mlp, EncoderBlock (post-LN / pre-LN), Sequence (a group of blocks)
-  stack.py       the layer stack: per-layer, shared or scanned params; remat
+  stack.py       the layer stack: per-layer, shared or scanned params; remat; the
+                 CPU cotangent barrier between unrolled layers
 
 Parameters carry logical axis names (`vocab`, `embed`, `heads`, `kv`, `mlp`); activations
 are constrained with `act_*` names; one rules table maps them onto the mesh.
@@ -25,5 +26,4 @@ from encoders.layers.kernels import (SPLASH_BLOCKS, attention_head_major,
 from encoders.layers.attention import MultiHeadAttention
 from encoders.layers.blocks import EncoderBlock, Mlp, Sequence
 from encoders.layers.stack import (SCANNED_LAYERS, Stack, cotangent_barrier, remat_block,
-                                   stack_layer_params,
-                                   unstack_layer_params)
+                                   stack_layer_params, unstack_layer_params)
