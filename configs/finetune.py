@@ -49,6 +49,10 @@ def get_config(arg="sequence"):
   f.version_2 = False  # qa: allow "no answer" (SQuAD v2)
   f.null_threshold = 0.0  # qa v2: answer "" when null score - best span score > this
   f.max_train_rows = -1  # -1: all
+  # Each batch cut to the smallest of these widths that holds its longest row (one
+  # compiled step per width): "auto" = 16, 24, 32, 48, 64, 96, ... up to data.seq_len;
+  # "off" = every batch at seq_len; or widths "32,64" (seq_len is always added).
+  f.length_buckets = "auto"
   # True: the architecture and tokenizer of init_from, its weights NOT loaded (a
   # from-scratch baseline for "what pretraining buys")
   f.random_init = False

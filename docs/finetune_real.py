@@ -63,6 +63,7 @@ def run_ours(path, task, args, seed, workdir):
   f = c.finetune
   f.train_file, f.epochs, f.eval_fraction, f.split_seed = path, args.epochs, 0.2, 0
   f.max_train_rows = args.max_train
+  f.length_buckets = "auto" if args.padding == "bucket" else "off"
   if task == "sequence":
     f.text_column, f.label_column = "text", "label"
   c.train.seed = seed
@@ -160,9 +161,19 @@ def run_trainer(path, task, args, seed, workdir):
       max_grad_norm=1.0, adam_epsilon=1e-6, seed=seed, eval_strategy="epoch",
       save_strategy="no", logging_strategy="no", report_to=[], use_cpu=True,
       dataloader_drop_last=False, disable_tqdm=True)
+  def collate(items):
+    """Stacks rows; with --padding bucket, cuts the columns no row attends to (each
+    batch padded to its longest row, as transformers' DataCollatorWithPadding does)."""
+    b = {k: torch.stack([it[k] for it in items]) for k in items[0]}
+    if args.padding == "bucket":
+      width = int(b["attention_mask"].any(0).nonzero().max()) + 1
+      b = {k: (v[:, :width] if v.dim() == 2 else v) for k, v in b.items()}
+    return b
+
   timer = Timer()
   trainer = T.Trainer(model=model, args=targs, train_dataset=DS(tr_arr),
-                      eval_dataset=DS(ev_arr), compute_metrics=compute, callbacks=[timer])
+                      eval_dataset=DS(ev_arr), compute_metrics=compute, callbacks=[timer],
+                      data_collator=collate)
   trainer.train()
   return _result(history, int(tr_arr["attention_mask"].sum()), timer.epochs)
 
@@ -180,6 +191,10 @@ def main():
   p.add_argument("--max_train", type=int, default=-1,
                  help="keep only the first N training rows (the held-out rows unchanged); "
                       "with --epochs 1 a short throughput check of both frameworks")
+  p.add_argument("--padding", default="bucket", choices=("bucket", "fixed"),
+                 help="bucket: ours cuts each batch to a length bucket (16, 32, 64, ..., "
+                      "finetune.length_buckets=auto), the Trainer pads each batch to its "
+                      "longest row; fixed: both compute every row at seq_len")
   p.add_argument("--model", default="", help="HF dir (default: all-MiniLM-L6-v2)")
   p.add_argument("--random_init", action="store_true",
                  help="ours only: the model's architecture and tokenizer, fresh weights "
@@ -187,6 +202,8 @@ def main():
                       "pretraining buys)")
   p.add_argument("--out", default=os.path.join(ROOT, ".cache", "finetune_runs"))
   args = p.parse_args()
+  from launch import hostmem
+  hostmem.tune_malloc()  # before JAX starts, as launch.finetune's main (both share it)
   args.model = args.model or minilm_dir()
   results = collections.defaultdict(dict)
   log_path = os.path.join(args.out, "results.jsonl")

@@ -19,7 +19,8 @@ Encoders (a `tokenizers.Tokenizer`, the checkpoint's own):
   qa        question + context in windows of seq_len tokens that overlap by `stride`
             tokens of context; the answer's first and last token in a window that holds
             it whole, else 0 (the [CLS] position: "no answer here").
-Rows are padded to seq_len with the model's pad id; `example_weight` is 1 for real rows.
+Rows are padded to seq_len with the model's pad id (on the right); `example_weight` is 1
+for real rows. `batches` cuts each batch to a length bucket (`length_buckets`).
 """
 import csv
 import json
@@ -281,9 +282,53 @@ def best_spans(start_logits, end_logits, meta: Dict, context: str, n_best: int =
   return spans[:n_best], float(start_logits[0] + end_logits[0])
 
 
-def batches(arrays: Dict[str, np.ndarray], batch_size: int, seed: Optional[int] = None):
+def length_buckets(spec, seq_len: int) -> Tuple[int, ...]:
+  """The row widths batches are trimmed to (`finetune.length_buckets`), ascending, the
+  last = seq_len: "auto" (16, 24, 32, 48, 64, 96, ... below seq_len, then seq_len), "off" (seq_len
+  only: every batch full width), or comma-separated widths ("32,64"; seq_len is added)."""
+  spec = str(spec).strip().lower()
+  if spec == "off":
+    return (seq_len,)
+  if spec == "auto":  # 16, 24, 32, 48, 64, 96, ...: at most a third of a batch is padding
+    widths, w = [], 16
+    while w < seq_len:
+      widths.append(w)
+      if w + w // 2 < seq_len:
+        widths.append(w + w // 2)
+      w *= 2
+    return tuple(widths) + (seq_len,)
+  try:
+    widths = sorted({int(x) for x in spec.split(",") if x.strip()})
+  except ValueError:
+    raise ValueError(f"finetune.length_buckets={spec!r}: use 'auto', 'off' or widths "
+                     "like '32,64,128'") from None
+  if any(w < 1 or w > seq_len for w in widths):
+    raise ValueError(f"finetune.length_buckets={spec!r}: every width must be in "
+                     f"[1, seq_len={seq_len}]")
+  return tuple(w for w in widths if w < seq_len) + (seq_len,)
+
+
+def trim_to_bucket(batch: Dict[str, np.ndarray], buckets: Sequence[int]) -> Dict:
+  """The batch's (rows, seq_len) arrays cut to the smallest bucket that holds every
+  column any row attends to, so only padding columns (attention_mask 0 in every row)
+  go."""
+  mask = batch["attention_mask"]
+  seq_len = mask.shape[1]
+  longest = int(mask.any(0).nonzero()[0].max()) + 1 if mask.any() else 1
+  width = next(w for w in buckets if w >= longest)
+  if width >= seq_len:
+    return batch
+  return {k: (v[:, :width] if v.ndim == 2 and v.shape[1] == seq_len else v)
+          for k, v in batch.items()}
+
+
+def batches(arrays: Dict[str, np.ndarray], batch_size: int, seed: Optional[int] = None,
+            buckets: Optional[Sequence[int]] = None):
   """Batches of `batch_size` rows (shuffled by `seed` when given); the last is padded
-  with copies of row 0 at example_weight 0, so every batch has one shape."""
+  with copies of row 0 at example_weight 0, so every batch has `batch_size` rows. With
+  `buckets` (length_buckets), each batch's sequence arrays are cut to the smallest
+  width that holds its longest row: a few shapes (one compiled step each) instead of
+  computing every row at full seq_len."""
   n = len(arrays["example_weight"])
   order = np.arange(n) if seed is None else np.random.default_rng(seed).permutation(n)
   for lo in range(0, n, batch_size):
@@ -294,4 +339,4 @@ def batches(arrays: Dict[str, np.ndarray], batch_size: int, seed: Optional[int] 
     if fill:
       b["example_weight"] = b["example_weight"].copy()
       b["example_weight"][len(idx):] = 0.0
-    yield b
+    yield trim_to_bucket(b, buckets) if buckets else b

@@ -146,3 +146,71 @@ def test_squad_em_and_f1():
                ["eiffel tower", "France", ""])
   assert m["exact_match"] == pytest.approx(2 / 3)  # articles/case ignored; no-answer right
   assert m["f1"] == pytest.approx((1 + 2 / 3 + 1) / 3)
+
+
+def test_length_buckets_parse_and_reject():
+  assert fd.length_buckets("auto", 128) == (16, 24, 32, 48, 64, 96, 128)
+  assert fd.length_buckets("auto", 100) == (16, 24, 32, 48, 64, 96, 100)
+  assert fd.length_buckets("auto", 40) == (16, 24, 32, 40)
+  assert fd.length_buckets("off", 128) == (128,)
+  assert fd.length_buckets("64, 32", 128) == (32, 64, 128)
+  with pytest.raises(ValueError, match="length_buckets='8,300'.*seq_len=128"):
+    fd.length_buckets("8,300", 128)
+  with pytest.raises(ValueError, match="'auto', 'off' or widths"):
+    fd.length_buckets("short", 128)
+
+
+def test_batches_cut_only_padding_columns_and_keep_every_row():
+  rng = np.random.default_rng(0)
+  n, seq = 10, 64
+  lengths = np.array([3, 20, 5, 7, 9, 2, 30, 4, 6, 8])
+  mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
+  arrays = {"input_ids": rng.integers(5, 99, (n, seq)) * mask, "attention_mask": mask,
+            "token_type_ids": np.zeros((n, seq), np.int32),
+            "labels": np.where(mask > 0, 1, -100), "example_weight": np.ones(n, np.float32)}
+  buckets = fd.length_buckets("auto", seq)
+  full = list(fd.batches(arrays, 4, seed=1))
+  cut = list(fd.batches(arrays, 4, seed=1, buckets=buckets))
+  assert [b["input_ids"].shape[1] for b in full] == [64, 64, 64]
+  for f, c in zip(full, cut):
+    w = c["input_ids"].shape[1]
+    longest = int(f["attention_mask"].sum(1).max())
+    smaller = [b for b in buckets if b < w]
+    assert w in buckets and w >= longest and (not smaller or smaller[-1] < longest)
+    for k in ("input_ids", "attention_mask", "token_type_ids", "labels"):
+      np.testing.assert_array_equal(c[k], f[k][:, :w])
+      assert c[k].shape == (4, w)
+    assert f["attention_mask"][:, w:].sum() == 0  # nothing real was cut
+    np.testing.assert_array_equal(c["example_weight"], f["example_weight"])
+  assert sum(b["example_weight"].sum() for b in cut) == n  # the last batch padded, weight 0
+
+
+def test_bucketed_batch_gives_the_full_width_loss_and_gradients(tmp_path):
+  """The invariant bucketing rests on: cutting padding columns changes no loss term,
+  metric or gradient (eval mode, float32)."""
+  import jax
+  import objectives
+  from objectives import finetune as ft
+  rows = fh.sentiment_rows(8, seed=2)
+  c = _config("sequence", str(tmp_path))
+  c.finetune.labels = ("neg", "pos")
+  c.data.seq_len = 48
+  objectives.prepare_config(c)
+  tok = fd.load_tokenizer(c.init_from)
+  arrays = fd.encode_sequence(tok, rows, 48, 0, ("neg", "pos"))
+  (full,) = fd.batches(arrays, 8)
+  (cut,) = fd.batches(arrays, 8, buckets=fd.length_buckets("auto", 48))
+  assert cut["input_ids"].shape[1] < 48
+  obj = ft.Finetune(c)
+  params = obj.init(jax.random.PRNGKey(0))
+
+  def loss(p, b):
+    terms, metrics = obj.loss(p, b, None, False)
+    return terms["task"], metrics
+
+  (lf, mf), gf = jax.value_and_grad(loss, has_aux=True)(params, full)
+  (lc, mc), gc = jax.value_and_grad(loss, has_aux=True)(params, cut)
+  np.testing.assert_allclose(lc, lf, rtol=1e-5)
+  for k in mf:
+    np.testing.assert_allclose(mc[k], mf[k], rtol=1e-5, atol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), gc, gf)
