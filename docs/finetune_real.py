@@ -167,7 +167,7 @@ def run_trainer(path, task, args, seed, workdir):
     b = {k: torch.stack([it[k] for it in items]) for k in items[0]}
     if args.padding == "bucket":
       width = int(b["attention_mask"].any(0).nonzero().max()) + 1
-      b = {k: (v[:, :width] if v.dim() == 2 else v) for k, v in b.items()}
+      b = {k: (v[:, :width].contiguous() if v.dim() == 2 else v) for k, v in b.items()}
     return b
 
   timer = Timer()

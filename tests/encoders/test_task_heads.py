@@ -266,3 +266,14 @@ def test_with_pretrained_keeps_the_head_and_reports_what_was_left(saved):
                                 params["embeddings"]["word_embeddings"]["embedding"])
   np.testing.assert_array_equal(merged["sequence_head"]["out"]["kernel"],
                                 fresh["sequence_head"]["out"]["kernel"])
+
+
+def test_encoder_loader_points_task_dirs_at_the_task_loader(saved):
+  """encoders.hf.from_hf on a fine-tuned (task) directory names the loader that reads
+  it; encoders.hf.tasks.from_hf loads the same directory."""
+  _, path = saved("bert", "sequence")
+  with pytest.raises(ValueError, match="BertForSequenceClassification.*is a task model.*"
+                                       "encoders.hf.tasks.from_hf"):
+    ehf.from_hf(path)
+  model, params = tasks_hf.from_hf(path)
+  assert "sequence_head" in params
