@@ -140,8 +140,9 @@ def score(config, outputs, info, labels):
 
 
 def predict(setup, params, arrays, batch_size, buckets=None):
-  """Model outputs on every row of `arrays` (numpy, padding rows dropped; per-token
-  outputs padded back to the arrays' full width with zeros)."""
+  """Model outputs on every row of `arrays` (numpy, padding rows dropped). Batches cut
+  to a length bucket have their per-token outputs padded back to the arrays' width:
+  token logits with 0, QA start/end logits with -1e9 (no span starts or ends there)."""
   from launch.trainer import sharding as shard_lib
   objective = setup.objective
   rules = shard_lib.rules_tuple(setup.config.mesh.rules)
