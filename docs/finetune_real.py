@@ -165,9 +165,10 @@ def run_trainer(path, task, args, seed, workdir):
     """Stacks rows; with --padding bucket, cuts the columns no row attends to (each
     batch padded to its longest row, as transformers' DataCollatorWithPadding does)."""
     b = {k: torch.stack([it[k] for it in items]) for k in items[0]}
-    if args.padding == "bucket":
-      width = int(b["attention_mask"].any(0).nonzero().max()) + 1
-      b = {k: (v[:, :width].contiguous() if v.dim() == 2 else v) for k, v in b.items()}
+    if args.padding == "bucket":  # every width a bucket: cut at the longest row
+      cut = fd.trim_to_bucket({k: v.numpy() for k, v in b.items()},
+                              range(1, args.seq_len + 1))
+      b = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in cut.items()}
     return b
 
   timer = Timer()

@@ -183,8 +183,7 @@ def run(config, workdir: str, devices=None):
 
   Callers that are their own process should call launch.hostmem.tune_malloc() before
   JAX starts, as main() does: without it every step re-faults XLA's temporary buffer
-  (all-MiniLM-L6-v2 at batch 32 x 64, 2026-12-03 14:50-15:05: 1.27 s a step with it,
-  1.53-1.74 s without)."""
+  (measured in docs/finetune.md, "Fine-tuning")."""
   from launch import trainer
   from launch.trainer import checkpoint as ckpt_lib
   from launch.trainer import metrics as metrics_lib

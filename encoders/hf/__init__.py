@@ -151,20 +151,17 @@ def read_safetensors(path: str) -> Dict[str, np.ndarray]:
   return tensors
 
 
-TASK_ARCH_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification",
-                      "ForQuestionAnswering")
-
-
 def _architecture(mapping: Mapping, hf: dict, tensors: Dict[str, np.ndarray]) -> str:
   archs = hf.get("architectures") or []
   for arch in archs:
     if arch in mapping.architectures:
       return arch
   if archs:
-    task = next((t for t in TASK_ARCH_SUFFIXES if archs[0].endswith(t)), None)
+    from encoders.hf import tasks as tasks_hf  # imports this module
     hint = (f"; {archs[0]!r} is a task model: load it with "
             f"encoders.hf.tasks.from_hf(path), whose params hold this encoder's tree "
-            f"plus the task head" if task else "")
+            f"plus the task head" if tasks_hf.is_task_architecture(mapping, hf, archs[0])
+            else "")
     raise ValueError(f"architecture {archs[0]!r} is not supported; supported for "
                      f"{hf['model_type']!r}: {sorted(mapping.architectures)}{hint}")
   # No architectures field: take the first (base model) architecture.

@@ -61,12 +61,25 @@ def task_head_rules(cfg, task: str, th: tasks.TaskHF):
   return rules
 
 
-def _find_task(mapping, cfg, arch: str):
+def task_architectures(mapping, cfg):
+  """{transformers task class name: (task, TaskHF)} of the family's task models."""
   found = {}
   for task in tasks.TASKS:
     th = task_hf(mapping, cfg, task)
     if th is not None:
       found[th.architecture] = (task, th)
+  return found
+
+
+def is_task_architecture(mapping, hf: dict, arch: str) -> bool:
+  """Whether `arch` (a config.json architecture) is one of the family's task models."""
+  if getattr(mapping, "task_hf", None) is None:
+    return False
+  return arch in task_architectures(mapping, mapping.config_from_hf(hf, ()))
+
+
+def _find_task(mapping, cfg, arch: str):
+  found = task_architectures(mapping, cfg)
   if arch not in found:
     raise ValueError(f"architecture {arch!r} is not a task model encoder-zoo supports for "
                      f"{cfg.get('family')!r}; supported: {sorted(found)}")
