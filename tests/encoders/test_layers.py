@@ -126,7 +126,7 @@ def test_scan_over_shared_parameters_matches_the_loop(mapping):
   _, got = _init_apply(scan, x, inputs, params)
   np.testing.assert_allclose(got, ref, atol=1e-5)
   loss = lambda m: (lambda p: (m.apply({"params": p}, x, inputs) ** 2).sum())
-  g1, g2 = jax.grad(loss(loop))(params), jax.grad(loss(scan))(params)
+  g1, g2 = jax.jit(jax.grad(loss(loop)))(params), jax.jit(jax.grad(loss(scan)))(params)
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
     np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
   # Dropout differs per layer inside a shared scan (the rngs are split per iteration).

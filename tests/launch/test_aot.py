@@ -44,18 +44,21 @@ def _run(args, libtpu_path, timeout=600):
                         capture_output=True, text=True, timeout=timeout)
 
 
-def test_splash_train_step_compiles_sharded_for_v5p(libtpu, tmp_path):
+def test_tpu_recipe_gets_splash_and_compiles_sharded_for_v5p(libtpu, tmp_path):
+  """No attention flags: the TPU recipe (attention dropout 0) resolves `auto` to Splash at
+  seq 128, and the sharded step compiles and is priced for a v5p slice."""
   out = tmp_path / "aot.json"
-  p = _run(TINY + ["--topology", "v5p:2x2x1", "--global-batch", "8", "--seq", "128",
-                   "--mesh=2,1,2", "--config.model.attention_impl=splash",
-                   "--config.model.attention_probs_dropout_prob=0", "--json", str(out)],
+  p = _run(["--config", "configs/bert.py:mini", "--config.model.num_hidden_layers=1",
+            "--config.model.vocab_size=512", "--topology", "v5p:2x2x1", "--global-batch",
+            "8", "--seq", "128", "--mesh=2,1,2", "--json", str(out)],
            libtpu, timeout=1500)  # three compiles: the step and its stand-in twin
   assert p.returncode == 0, p.stdout + p.stderr[-3000:]
   r = json.loads(out.read_text())
+  assert r["config"]["attention_impl"] == "splash" and r["splash_kernel_in_hlo"]
+  assert "attention: auto -> splash" in p.stdout.splitlines()[2]
   assert r["fits"] and r["devices"] == 4 and r["device_kind"].startswith("TPU v5")
   assert r["mesh"] == {"data": 2, "fsdp": 1, "tensor": 2}
   assert r["config"]["dtype"] == "bfloat16"  # "auto" resolved for the TPU target
-  assert r["splash_kernel_in_hlo"]
   assert 0 < r["memory"]["total"] < r["hbm_capacity_bytes"] == 95 * 2**30
   assert r["estimated_step_s"] > 0 and 0 < r["estimated_mfu"] < 1
   # The real step (masking included) is priced directly, except that XLA cannot see into
@@ -66,24 +69,12 @@ def test_splash_train_step_compiles_sharded_for_v5p(libtpu, tmp_path):
   assert r["xla_with_opaque_kernels_s"] > 0
   assert "HBM per device" in p.stdout and "implied MFU" in p.stdout
   # XLA cannot price the Splash kernels: their roofline is added and shown apart. Per
-  # device: 4 rows x 1 head, the forward's 2 and the fused backward's 5 T x T x K matmuls.
+  # device: 4 rows x 2 heads (mini's 4 over tensor=2), the forward's 2 and the fused
+  # backward's 5 T x T x K matmuls.
   kr = r["kernel_roofline"]
-  assert kr["flops"] == 7 * 2 * 4 * 1 * 128 * 128 * 64 and kr["unpriced"] == []
+  assert kr["flops"] == 7 * 2 * 4 * 2 * 128 * 128 * 64 and kr["unpriced"] == []
   assert r["estimated_step_s"] == pytest.approx(r["xla_priced_s"] + kr["seconds"])
   assert kr["seconds"] > 0 and "roofline estimate of 2 Pallas kernel call(s)" in p.stdout
-  assert "attention: splash (set in the config)" in p.stdout
-
-
-def test_auto_attention_picks_splash_for_the_tpu_recipe(libtpu, tmp_path):
-  """No attention flags: the TPU recipe (attention dropout 0) gets Splash at seq 128."""
-  out = tmp_path / "aot.json"
-  p = _run(["--config", "configs/bert.py:mini", "--config.model.num_hidden_layers=1",
-            "--config.model.vocab_size=512", "--topology", "v5p:2x2x1", "--global_batch", "8",
-            "--seq", "128", "--json", str(out)], libtpu)
-  assert p.returncode == 0, p.stdout + p.stderr[-3000:]
-  r = json.loads(out.read_text())
-  assert r["config"]["attention_impl"] == "splash" and r["splash_kernel_in_hlo"]
-  assert "attention: auto -> splash" in p.stdout.splitlines()[2]
 
 
 @pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
