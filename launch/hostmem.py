@@ -18,6 +18,14 @@ the kernel. With `tune_malloc()`:
 The cost: freed memory stays in the process (its RSS stays at its peak) instead of
 going back to the OS, and threads share one arena.
 
+What it cannot fix: XLA allocates with posix_memalign, and glibc before its memalign
+rework (this machine's 2.36 included) cannot serve an aligned request of n bytes from a
+freed block of exactly n bytes (sourceware bug 14581). With BERT-base at batch 32 x 128
+(a ~4.9 GB block a step) the heap grows by one block in each of the first three steps of
+a training loop, faulting ~1.2 M pages each time, then stays put, at ~2.6x the memory
+the step needs (docs/benchmarks.md, "Why BERT-base faults"). The main job's tiny model
+faults ~2-3k pages a step with these settings.
+
 It must run before JAX creates its CPU client (and its worker threads, which would pick
 their arenas), so the entry points call it first thing (launch/pretrain.py,
 launch/bench). `ENCODER_ZOO_MALLOC=system` leaves glibc's defaults alone.
