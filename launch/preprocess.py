@@ -165,7 +165,7 @@ def write_shard(job) -> dict:
 
 def _tokenizer(config, out, first_docs):
   from launch.data import tokenization  # pylint: disable=g-import-not-at-top
-  tok = tokenization.make_tokenizer(config.tokenizer, out, first_docs)
+  tok = tokenization.make_tokenizer(config.tokenizer, out, first_docs, multihost=False)
   if tok.kind.startswith("sentencepiece"):
     from etils import epath  # pylint: disable=g-import-not-at-top
     d = epath.Path(out) / "tokenizer"

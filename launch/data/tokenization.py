@@ -448,10 +448,14 @@ def _spm_settings(tok_config) -> dict:
           "lowercase": bool(tok_config.lowercase)}
 
 
-def _trained_sentencepiece(tok_config, workdir, documents_fn) -> SentencePieceTokenizer:
+def _trained_sentencepiece(tok_config, workdir, documents_fn,
+                           multihost: bool = True) -> SentencePieceTokenizer:
   settings = _spm_settings(tok_config)
-  import jax  # pylint: disable=g-import-not-at-top
-  is_chief = jax.process_index() == 0
+  if multihost:
+    import jax  # pylint: disable=g-import-not-at-top
+    is_chief = jax.process_index() == 0
+  else:
+    is_chief = True
   proto = None
   if is_chief:
     model_file = meta_file = None
@@ -477,7 +481,8 @@ def _trained_sentencepiece(tok_config, workdir, documents_fn) -> SentencePieceTo
         tmp.write_bytes(proto)
         tmp.rename(model_file)
         meta_file.write_text(json.dumps(settings, indent=2))
-  proto = _broadcast_bytes(proto)
+  if multihost:
+    proto = _broadcast_bytes(proto)
   tok = SentencePieceTokenizer(proto, lowercase=settings["lowercase"],
                                kind="sentencepiece_train", where="trained sentencepiece model")
   if tok.vocab_size != settings["vocab_size"]:
@@ -487,7 +492,8 @@ def _trained_sentencepiece(tok_config, workdir, documents_fn) -> SentencePieceTo
 
 
 def make_tokenizer(tok_config, workdir: str | None,
-                   documents_fn: Callable[[], Sequence[str]]) -> Tokenizer:
+                   documents_fn: Callable[[], Sequence[str]],
+                   multihost: bool = True) -> Tokenizer:
   """Builds the tokenizer that `tok_config` (the config's `tokenizer` section) names.
 
   Args:
@@ -496,6 +502,10 @@ def make_tokenizer(tok_config, workdir: str | None,
       `<workdir>/tokenizer/`. None or "" trains in memory every time.
     documents_fn: returns the training documents; called only when a tokenizer must be
       trained (and then only on JAX process 0).
+    multihost: True (training): process 0 trains and every JAX process gets its model,
+      which starts JAX's backend. False: this process alone, JAX never touched (for
+      launch.preprocess: on a TPU VM a backend would claim the chips, which a training
+      job may hold).
 
   Returns:
     A `Tokenizer`.
@@ -503,7 +513,7 @@ def make_tokenizer(tok_config, workdir: str | None,
   kind = tok_config.kind
   lowercase = bool(tok_config.get("lowercase", False))
   if kind == "sentencepiece_train":
-    return _trained_sentencepiece(tok_config, workdir, documents_fn)
+    return _trained_sentencepiece(tok_config, workdir, documents_fn, multihost)
   if kind == "sentencepiece":
     return load_sentencepiece(tok_config.path, lowercase)
   if kind == "hf":

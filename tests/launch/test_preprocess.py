@@ -208,3 +208,21 @@ def test_tfds_source_is_preprocessed(spm_path, tmp_path):
                                  process_count=1)
   assert "tiny set" in p.tokenizer.decode(next(p.train_iter())["input_ids"].ravel())
   assert p.eval_batches(1)
+
+
+def test_preprocess_never_starts_a_jax_backend(tmp_path):
+  """launch.preprocess is a host-only job: on a TPU VM a JAX backend would claim the chips
+  a training job may hold. A platform name JAX does not know fails any backend start, so
+  this run (which trains its sentencepiece tokenizer: the path that asked JAX for the
+  process index) proves none starts."""
+  import subprocess
+  import sys
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  out = tmp_path / "out"
+  env = dict(os.environ, JAX_PLATFORMS="no_such_platform")
+  p = subprocess.run([sys.executable, "-m", "launch.preprocess", "--config",
+                      "configs/bert.py:tiny-mlm", "--config.tokenizer.vocab_size=2000",
+                      "--out", str(out), "--workers", "1"], cwd=repo, env=env,
+                     capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+  assert (out / "manifest.json").is_file() and (out / "tokenizer" / "spm.model").is_file()
