@@ -15,16 +15,16 @@ the kernel. With `tune_malloc()`:
     train step at batch 8 x 128 freed more than that at once: the top was trimmed every
     step and refaulted (12.8 s a step, 75 s of system time over the bench; with -1:
     9.2 s, and the faults no longer grow with the number of steps).
-  - M_TOP_PAD=2000 MiB: each time the heap must grow, it grows by that much more (address
-    space only: pages count once touched). Why: XLA allocates with posix_memalign, and
-    glibc before its memalign rework (this machine's 2.36 included) cannot serve an
-    aligned request of n bytes from a freed block of exactly n bytes (sourceware bug
-    14581). With BERT-base at batch 32 x 128 (a ~4.9 GB block a step) the heap grew by
-    one block in each of the first three steps of the loop, then stayed, at 16.9 GB of
-    RSS for a 6 GiB step; with the pad it grows in the first two only: 12.0 GB, and half
-    the system time (docs/benchmarks.md, "Why BERT-base faults").
 The cost: freed memory stays in the process (its RSS stays at its peak) instead of
 going back to the OS, and threads share one arena.
+
+What it cannot fix: XLA allocates with posix_memalign, and glibc before its memalign
+rework (this machine's 2.36 included) cannot serve an aligned request of n bytes from a
+freed block of exactly n bytes (sourceware bug 14581). With BERT-base at batch 32 x 128
+(a ~4.9 GB block a step) the heap grows by one block in each of the first three steps of
+a training loop, faulting ~1.2 M pages each time, then stays put, at ~2.6x the memory
+the step needs (docs/benchmarks.md, "Why BERT-base faults"). The main job's tiny model
+faults ~2-3k pages a step with these settings.
 
 It must run before JAX creates its CPU client (and its worker threads, which would pick
 their arenas), so the entry points call it first thing (launch/pretrain.py,
@@ -34,9 +34,8 @@ import ctypes
 import os
 import sys
 
-M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX, M_ARENA_MAX = -1, -2, -4, -8  # glibc's <malloc.h>
-TOP_PAD = 2000 << 20  # bytes; mallopt takes an int, so at most 2 GiB - 1
-SETTINGS = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1), (M_TOP_PAD, TOP_PAD))
+M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8  # glibc's <malloc.h>
+SETTINGS = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))
 ENV = "ENCODER_ZOO_MALLOC"
 
 _applied = None
