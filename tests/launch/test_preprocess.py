@@ -221,8 +221,9 @@ def test_preprocess_never_starts_a_jax_backend(tmp_path):
   out = tmp_path / "out"
   env = dict(os.environ, JAX_PLATFORMS="no_such_platform")
   p = subprocess.run([sys.executable, "-m", "launch.preprocess", "--config",
-                      "configs/bert.py:tiny-mlm", "--config.tokenizer.vocab_size=2000",
-                      "--out", str(out), "--workers", "1"], cwd=repo, env=env,
-                     capture_output=True, text=True, timeout=600)
+                      "configs/bert.py:tiny-mlm", "--config.data.source=text",
+                      f"--config.data.files={_text_corpus(tmp_path)}",
+                      "--config.tokenizer.vocab_size=32", "--out", str(out), "--workers",
+                      "1"], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
   assert p.returncode == 0, p.stdout + p.stderr[-3000:]
   assert (out / "manifest.json").is_file() and (out / "tokenizer" / "spm.model").is_file()
