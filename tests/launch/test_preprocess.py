@@ -3,6 +3,8 @@ import copy
 import gzip
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,6 +15,8 @@ from launch.data import badinput
 from launch.data import pipeline as pipeline_lib
 from launch.data import tokenization
 from tests.launch.data_helpers import assert_batches_equal, make_config, spm, spm_path, take  # noqa: F401
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _docs(n, words=60):
@@ -215,15 +219,12 @@ def test_preprocess_never_starts_a_jax_backend(tmp_path):
   a training job may hold. A platform name JAX does not know fails any backend start, so
   this run (which trains its sentencepiece tokenizer: the path that asked JAX for the
   process index) proves none starts."""
-  import subprocess
-  import sys
-  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   out = tmp_path / "out"
   env = dict(os.environ, JAX_PLATFORMS="no_such_platform")
   p = subprocess.run([sys.executable, "-m", "launch.preprocess", "--config",
                       "configs/bert.py:tiny-mlm", "--config.data.source=text",
                       f"--config.data.files={_text_corpus(tmp_path)}",
                       "--config.tokenizer.vocab_size=32", "--out", str(out), "--workers",
-                      "1"], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+                      "1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert p.returncode == 0, p.stdout + p.stderr[-3000:]
   assert (out / "manifest.json").is_file() and (out / "tokenizer" / "spm.model").is_file()
