@@ -27,8 +27,10 @@ __all__ = ["EncoderOutput", "build", "from_hf", "to_hf", "hf_config", "register_
 
 
 def init_params(model, rng, batch_size=1, length=8):
-  """Random float32 params for `model` (unboxed from their logical partitioning)."""
+  """Random float32 params for `model` (unboxed from their logical partitioning); jitted,
+  as op-by-op init compiles every random draw separately."""
   import flax.linen as nn
+  import jax
   import jax.numpy as jnp
   ids = jnp.zeros((batch_size, length), jnp.int32)
-  return nn.unbox(model.init(rng, ids))["params"]
+  return nn.unbox(jax.jit(model.init)(rng, ids))["params"]

@@ -218,8 +218,8 @@ class Distillation(mlm.MaskedLM):
 
   def init(self, rng):
     ids = jnp.zeros((1, self.seq_len), jnp.int32)
-    return {"encoder": self.model.init(rng, ids)["params"],
-            "teacher": self.teacher.init(jax.random.fold_in(rng, 1), ids)["params"]}
+    return {"encoder": jax.jit(self.model.init)(rng, ids)["params"],
+            "teacher": jax.jit(self.teacher.init)(jax.random.fold_in(rng, 1), ids)["params"]}
 
   def after_init(self, params, shardings):
     out = dict(params)

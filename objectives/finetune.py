@@ -110,7 +110,7 @@ class Finetune(Objective):
 
   def init(self, rng):
     ids = jnp.zeros((1, self.seq_len), jnp.int32)
-    return {"encoder": self.model.init(rng, ids)["params"]}
+    return {"encoder": jax.jit(self.model.init)(rng, ids)["params"]}
 
   def after_init(self, params, shardings):
     """init_from's weights into the encoder (base class), unless finetune.random_init."""

@@ -73,7 +73,7 @@ class MaskedLM(Objective):
 
   def init(self, rng):
     ids = jnp.zeros((1, self.seq_len), jnp.int32)
-    return {"encoder": self.model.init(rng, ids)["params"]}
+    return {"encoder": jax.jit(self.model.init)(rng, ids)["params"]}
 
   # -------------------------------------------------------------------- the step
 

@@ -224,8 +224,8 @@ class ReplacedTokenDetection(Objective):
   def _init_both(self, rng):
     kg, kd = jax.random.split(rng)
     ids = jnp.zeros((1, self.seq_len), jnp.int32)
-    return (self.generator.init(kg, ids)["params"],
-            self.discriminator.init(kd, ids)["params"])
+    return (jax.jit(self.generator.init)(kg, ids)["params"],
+            jax.jit(self.discriminator.init)(kd, ids)["params"])
 
   def init(self, rng):
     """Boxed params; with sharing, the discriminator's shared tables are absent (tied) or

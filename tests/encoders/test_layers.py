@@ -47,9 +47,10 @@ def test_packed_row_equals_documents_run_alone():
   packed[0, :6], packed[0, 6:15] = doc_a, doc_b
   seg = np.zeros((1, 20), np.int32)
   seg[0, :6], seg[0, 6:15] = 1, 2
-  out = model.apply({"params": params}, jnp.asarray(packed), segment_ids=jnp.asarray(seg))
-  alone_a = model.apply({"params": params}, jnp.asarray(doc_a[None]))
-  alone_b = model.apply({"params": params}, jnp.asarray(doc_b[None]))
+  apply = jax.jit(model.apply)
+  out = apply({"params": params}, jnp.asarray(packed), segment_ids=jnp.asarray(seg))
+  alone_a = apply({"params": params}, jnp.asarray(doc_a[None]))
+  alone_b = apply({"params": params}, jnp.asarray(doc_b[None]))
   np.testing.assert_allclose(out.last_hidden_state[0, :6], alone_a.last_hidden_state[0],
                              atol=1e-5)
   np.testing.assert_allclose(out.last_hidden_state[0, 6:15], alone_b.last_hidden_state[0],
@@ -76,7 +77,8 @@ def test_remat_keeps_values_and_grads(policy):
     return m.apply({"params": p}, ids).mlm_logits.std()
 
   np.testing.assert_allclose(loss(remat, params), loss(plain, params), rtol=1e-6)
-  g1, g2 = jax.grad(lambda p: loss(plain, p))(params), jax.grad(lambda p: loss(remat, p))(params)
+  g1 = jax.jit(jax.grad(lambda p: loss(plain, p)))(params)
+  g2 = jax.jit(jax.grad(lambda p: loss(remat, p)))(params)
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
     np.testing.assert_allclose(a, b, atol=1e-6)
 

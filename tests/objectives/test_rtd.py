@@ -144,7 +144,7 @@ def _grads(obj, params, b, term):
   def f(p):
     terms, _ = obj.loss(p, b, jax.random.PRNGKey(5), True)
     return terms[term]
-  return jax.grad(f)(params)
+  return jax.jit(jax.grad(f))(params)
 
 
 @pytest.mark.parametrize("family", [pytest.param("electra", marks=pytest.mark.slow), "bert"])
