@@ -44,8 +44,9 @@ def test_loss_terms_match_a_numpy_recomputation(ce_positions):
   obj = build(c)
   params = _params(obj)
   batch = obj.batch_spec().synthesize([[16], [9, 5], [7], []], 16, seed=0)
-  batch = obj.transform(jax.tree.map(jnp.asarray, batch), jax.random.PRNGKey(1))
-  terms, m = obj.loss(params, batch, None, False)
+  # Jitted, as the trainer runs them (op by op, each call compiles hundreds of programs).
+  batch = jax.jit(obj.transform)(jax.tree.map(jnp.asarray, batch), jax.random.PRNGKey(1))
+  terms, m = jax.jit(lambda p, b: obj.loss(p, b, None, False))(params, batch)
   norms = obj.normalizers(batch)
 
   def run(module, p):
@@ -54,7 +55,8 @@ def test_loss_terms_match_a_numpy_recomputation(ce_positions):
                         token_type_ids=batch["token_type_ids"]
                         if module.config.type_vocab_size else None,
                         segment_ids=batch["segment_ids"])
-  s, t = run(obj.model, params["encoder"]), run(obj.teacher, params["teacher"])
+  s = jax.jit(lambda p: run(obj.model, p))(params["encoder"])
+  t = jax.jit(lambda p: run(obj.teacher, p))(params["teacher"])
   zs, zt = np.asarray(s.mlm_logits, np.float64), np.asarray(t.mlm_logits, np.float64)
   hs, ht = np.asarray(s.last_hidden_state, np.float64), np.asarray(t.last_hidden_state,
                                                                      np.float64)

@@ -125,18 +125,19 @@ def test_eval_masks_differ_per_batch_and_repeat_across_runs():
 def test_padding_rows_count_nowhere():
   objective = _objective(_config())
   b = objective.batch_spec().synthesize([[32], [20], [], []], 32)
-  m = objective.transform(b, jax.random.PRNGKey(0))
+  m = jax.jit(objective.transform)(b, jax.random.PRNGKey(0))  # jitted, as the trainer runs it
   norms = objective.normalizers(m)
   assert float(norms["nsp"]) == 2
   assert float(np.asarray(m["mlm_weights"])[2:].sum()) == 0
   params = nn.unbox(objective.init(jax.random.PRNGKey(0)))
-  terms, sums = objective.loss(params, m, jax.random.PRNGKey(0), False)
+  loss = jax.jit(lambda p, b: objective.loss(p, b, jax.random.PRNGKey(0), False))
+  terms, sums = loss(params, m)
   assert float(sums["nsp_weight_sum"]) == 2
   assert float(sums["mlm_weight_sum"]) == float(norms["mlm"])
   # The padding rows' labels (-1) and logits do not reach the loss.
   m2 = dict(m, next_sentence_label=np.asarray([m["next_sentence_label"][0],
                                                m["next_sentence_label"][1], 0, 1], np.int32))
-  terms2, _ = objective.loss(params, m2, jax.random.PRNGKey(0), False)
+  terms2, _ = loss(params, m2)
   assert float(terms2["nsp"]) != float(terms["nsp"])  # counted once labelled >= 0
   assert objective.combine(terms, norms) > 0
 
@@ -179,10 +180,10 @@ def test_sop_objective_reads_sop_logits_and_sentence_order_labels(monkeypatch):
   s = objective.batch_spec()
   assert "sentence_order_label" in s.names() and "next_sentence_label" not in s.names()
   b = s.synthesize([[32], [24], [16], []], 32)
-  m = objective.transform(b, jax.random.PRNGKey(0))
+  m = jax.jit(objective.transform)(b, jax.random.PRNGKey(0))
   params = {"encoder": objective.model.init(jax.random.PRNGKey(0),
                                             jnp.zeros((1, 32), jnp.int32))["params"]}
-  terms, sums = objective.loss(params, m, jax.random.PRNGKey(0), True)
+  terms, sums = jax.jit(lambda p, b: objective.loss(p, b, jax.random.PRNGKey(0), True))(params, m)
   assert set(terms) == {"mlm", "sop"} and float(sums["sop_weight_sum"]) == 3
   assert set(objective.normalizers(m)) == {"mlm", "sop"}
   base = objective.baselines([b], [(b, eval_key(0))])
@@ -202,8 +203,8 @@ def test_eval_mask_rate_fixes_the_held_out_masks_while_training_masks_more():
   assert objective.describe()["eval_mask_rate"] == 0.15
   b = objective.batch_spec().synthesize([[64]] * 32, 64)
   real = float((~np.asarray(b["special_tokens_mask"], bool)).sum())
-  train = objective.transform(b, eval_key(0))
-  held = objective.transform(b, eval_key(0), train=False)
+  transform = jax.jit(objective.transform, static_argnames="train")
+  train, held = transform(b, eval_key(0)), transform(b, eval_key(0), train=False)
   assert np.asarray(train["masked_positions"]).shape[1] == 20
   assert np.asarray(held["masked_positions"]).shape[1] == 10
   assert float(np.asarray(train["mlm_weights"]).sum()) / real == pytest.approx(0.3, abs=0.02)
