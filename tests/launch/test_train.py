@@ -272,8 +272,9 @@ def test_loss_counts_only_masked_real_tokens(tokenizer_cache):
   batch = next(pipeline.train_iter())
   assert (batch["segment_ids"] == 0).any()  # the batch has padding
   rng = jax.random.PRNGKey(7)
-  transformed = setup.objective.transform(batch, rng)
-  terms, sums = setup.objective.loss(state.params, transformed, rng, False)
+  transformed = jax.jit(setup.objective.transform)(batch, rng)  # jitted, as the step runs them
+  terms, sums = jax.jit(lambda p, b: setup.objective.loss(p, b, rng, False))(state.params,
+                                                                             transformed)
   assert set(terms) == {"mlm", "nsp"} and terms["mlm"] == sums["mlm_loss_sum"]
   # Recompute by hand from the same masks and the model's logits at every position.
   m = masking.mask_tokens(rng, batch["input_ids"], batch["special_tokens_mask"],
@@ -283,7 +284,7 @@ def test_loss_counts_only_masked_real_tokens(tokenizer_cache):
   assert not (w & batch["special_tokens_mask"]).any()  # never padding or specials
   assert not (w & (batch["segment_ids"] == 0)).any()
   assert w.sum() == float(sums["mlm_weight_sum"])
-  logits = setup.objective.model.apply(
+  logits = jax.jit(setup.objective.model.apply)(
       {"params": state.params["encoder"]}, m["input_ids"],
       attention_mask=(batch["segment_ids"] > 0).astype(np.int32),
       token_type_ids=batch["token_type_ids"], segment_ids=batch["segment_ids"]).mlm_logits
