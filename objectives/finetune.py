@@ -22,7 +22,7 @@ import numpy as np
 
 from encoders import tasks
 from objectives import losses
-from objectives.base import Objective, register_objective
+from objectives.base import Objective, init_module, register_objective
 from objectives.spec import SEQ, BatchSpec, Field
 
 IGNORE = -100
@@ -109,8 +109,7 @@ class Finetune(Objective):
     self.seq_len = int(config.data.seq_len)
 
   def init(self, rng):
-    ids = jnp.zeros((1, self.seq_len), jnp.int32)
-    return {"encoder": jax.jit(self.model.init)(rng, ids)["params"]}
+    return {"encoder": init_module(self.model, rng, self.seq_len)}
 
   def after_init(self, params, shardings):
     """init_from's weights into the encoder (base class), unless finetune.random_init."""

@@ -16,8 +16,8 @@ import numpy as np
 
 import encoders
 from objectives import losses, masking, spec
-from objectives.base import (Objective, model_forward_flops, optional, register_objective,
-                             select_heads)
+from objectives.base import (Objective, init_module, model_forward_flops, optional,
+                             register_objective, select_heads)
 
 # pair task -> (model head, output field, label key); HF's pretraining classes take the
 # label under the same name.
@@ -72,8 +72,7 @@ class MaskedLM(Objective):
   # -------------------------------------------------------------------- init
 
   def init(self, rng):
-    ids = jnp.zeros((1, self.seq_len), jnp.int32)
-    return {"encoder": jax.jit(self.model.init)(rng, ids)["params"]}
+    return {"encoder": init_module(self.model, rng, self.seq_len)}
 
   # -------------------------------------------------------------------- the step
 

@@ -1,6 +1,5 @@
 """The trainer end to end on small runs: sharding equivalence on 8 fake CPU devices, exact
 resume, restore onto another mesh, metrics, and export."""
-import json
 import os
 import shutil
 import subprocess

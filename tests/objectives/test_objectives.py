@@ -12,7 +12,7 @@ from configs import bert as bert_configs
 from configs.ablations import bert_pretraining
 from launch import synthetic
 from launch.trainer.step import eval_key
-from objectives import masking, mlm, spec
+from objectives import masking, mlm
 
 
 def _config(module=bert_configs, arg="tiny", **objective):
