@@ -104,8 +104,8 @@ def test_a_sample_equal_to_the_original_counts_as_original():
 def test_loss_is_mlm_plus_weighted_bce_over_real_tokens():
   c = _config(disc_weight=50.0)
   obj, params, batch = _setup(c)
-  b = obj.transform(batch, jax.random.PRNGKey(3))
-  terms, sums = obj.loss(params, b, jax.random.PRNGKey(4), False)
+  b = jax.jit(obj.transform)(batch, jax.random.PRNGKey(3))
+  terms, sums = jax.jit(lambda p, b: obj.loss(p, b, jax.random.PRNGKey(4), False))(params, b)
   norms = obj.normalizers(b)
   real = float((np.asarray(batch["segment_ids"]) > 0).sum())
   assert float(norms["rtd"]) == real == sums["rtd_weight_sum"] < batch["input_ids"].size
@@ -153,7 +153,7 @@ def test_sharing_modes_route_gradients(family):
   depth = 1.0 if family == "electra" else 0.5  # DeBERTaV3's generator: half depth
   for sharing in ("tied", "gdes", "none"):
     obj, params, batch = _setup(_config(family, sharing, width=width, depth=depth))
-    b = obj.transform(batch, jax.random.PRNGKey(3))
+    b = jax.jit(obj.transform)(batch, jax.random.PRNGKey(3))
     disc_table = params["discriminator"]["embeddings"].get("word_embeddings")
     g_rtd = _grads(obj, params, b, "rtd")
     g_mlm = _grads(obj, params, b, "mlm")

@@ -76,9 +76,9 @@ def test_each_ablation_builds_and_steps(setting):
 def test_electra_15_counts_only_the_masked_positions():
   obj, params, batch = _setup(_ablation("electra_15"))
   assert obj.rtd_positions == "masked"
-  b = obj.transform(batch, jax.random.PRNGKey(3))
+  b = jax.jit(obj.transform)(batch, jax.random.PRNGKey(3))
   key = jax.random.PRNGKey(4)
-  terms, sums = obj.loss(params, b, key, False)
+  terms, sums = jax.jit(lambda p, b: obj.loss(p, b, key, False))(params, b)
   # The same step by hand: generator, sample, discriminator; BCE over masked tokens only.
   gen_p, disc_p = obj.model_params(params)
   _, k_sample, _ = jax.random.split(key, 3)
@@ -114,8 +114,8 @@ def test_copy_gate_is_a_distribution_with_weight_on_the_input():
 
 def test_replace_and_all_tokens_mlm_targets():
   obj, params, batch = _setup(_ablation("replace_mlm"))
-  b = obj.transform(batch, jax.random.PRNGKey(3))
-  terms, sums = obj.loss(params, b, jax.random.PRNGKey(4), False)
+  b = jax.jit(obj.transform)(batch, jax.random.PRNGKey(3))
+  terms, sums = jax.jit(lambda p, b: obj.loss(p, b, jax.random.PRNGKey(4), False))(params, b)
   n_masked = float(np.asarray(b["mlm_weights"]).sum())
   assert float(sums["dmlm_weight_sum"]) == float(sums["mlm_weight_sum"]) == n_masked > 0
   assert obj.normalizers(b)["dmlm"] == n_masked
@@ -126,8 +126,8 @@ def test_replace_and_all_tokens_mlm_targets():
                              1 - m["dmlm_replaced_count"] / n_masked, atol=1e-6)
   obj, params, batch = _setup(_ablation("all_tokens_mlm"))
   assert obj.copy_gate and obj.targets == "all"
-  b = obj.transform(batch, jax.random.PRNGKey(3))
-  terms, sums = obj.loss(params, b, jax.random.PRNGKey(4), False)
+  b = jax.jit(obj.transform)(batch, jax.random.PRNGKey(3))
+  terms, sums = jax.jit(lambda p, b: obj.loss(p, b, jax.random.PRNGKey(4), False))(params, b)
   real = float((np.asarray(batch["segment_ids"]) > 0).sum())
   assert float(sums["dmlm_weight_sum"]) == real == float(obj.normalizers(b)["dmlm"])
   assert np.isfinite(float(terms["dmlm"]))
