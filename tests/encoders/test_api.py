@@ -43,7 +43,7 @@ def test_grad_is_finite_and_nonzero(tiny):
   def loss(p):
     return model.apply({"params": p}, ids, mask).mlm_logits.mean()
 
-  grads = jax.grad(loss)(params)
+  grads = jax.jit(jax.grad(loss))(params)
   leaves = jax.tree.leaves(grads)
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
   assert float(jnp.abs(grads["encoder"]["layer_0"]["attention"]["query"]["kernel"]).sum()) > 0

@@ -72,7 +72,7 @@ def test_vocab_padding_gets_no_gradient_from_the_mlm_loss():
     logits = model.apply({"params": p}, ids).mlm_logits
     return -jax.nn.log_softmax(logits)[..., 7].mean()
 
-  g = jax.grad(loss)(params)
+  g = jax.jit(jax.grad(loss))(params)
   assert float(jnp.abs(g["embeddings"]["word_embeddings"]["embedding"][1000:]).max()) == 0.0
   assert float(jnp.abs(g["mlm"]["bias"][1000:]).max()) == 0.0
 
@@ -114,8 +114,8 @@ def test_scan_layers_with_remat_matches_unrolled_values_and_grads():
     return m.apply({"params": p}, ids).mlm_logits.std()
 
   np.testing.assert_allclose(loss(scanned, sparams), loss(plain, params), rtol=1e-6)
-  g_plain = layers.stack_layer_params(jax.grad(lambda p: loss(plain, p))(params), 2)
-  g_scan = jax.grad(lambda p: loss(scanned, p))(sparams)
+  g_plain = layers.stack_layer_params(jax.jit(jax.grad(lambda p: loss(plain, p)))(params), 2)
+  g_scan = jax.jit(jax.grad(lambda p: loss(scanned, p)))(sparams)
   for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_scan)):
     np.testing.assert_allclose(a, b, atol=1e-6)
   back = layers.unstack_layer_params(sparams)
@@ -173,9 +173,11 @@ def test_splash_kernel_matches_einsum_on_packed_rows():
   np.testing.assert_allclose(np.asarray(got)[real], np.asarray(ref)[real], atol=1e-5)
 
   w = jnp.asarray(real, jnp.float32)[:, :, None, None]
-  g_got = jax.grad(lambda q, k, v: (splash(q, k, v, seg) * w).sum(), (0, 1, 2))(q, k, v)
-  g_ref = jax.grad(lambda q, k, v: (layers.attention_scores_einsum(q, k, v, dense) * w).sum(),
-                   (0, 1, 2))(q, k, v)
+  g_got = jax.jit(jax.grad(lambda q, k, v: (splash(q, k, v, seg) * w).sum(), (0, 1, 2)))(
+      q, k, v)
+  g_ref = jax.jit(jax.grad(
+      lambda q, k, v: (layers.attention_scores_einsum(q, k, v, dense) * w).sum(), (0, 1, 2)))(
+          q, k, v)
   for a, b in zip(g_got, g_ref):
     np.testing.assert_allclose(np.asarray(a)[real], np.asarray(b)[real], atol=1e-4)
 
