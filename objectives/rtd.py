@@ -305,12 +305,16 @@ class ReplacedTokenDetection(Objective):
     if "masked_positions" not in batch:
       return jnp.where(chosen, sampled, original)
     pos = batch["masked_positions"].astype(jnp.int32)
-    rows = jnp.arange(original.shape[0])[:, None]
-    # Padding entries of the gathered (B,M) arrays point at position 0 with weight 0:
-    # they add 0 to both maps, so they never change a token.
-    hit = jnp.zeros(original.shape, jnp.int32).at[rows, pos].add(chosen.astype(jnp.int32))
-    new = jnp.zeros_like(original).at[rows, pos].add(jnp.where(chosen, sampled, 0))
-    return jnp.where(hit > 0, new, original)
+    # Back from the gathered (B,M) entries to (B,T) positions by a (B,M,T) comparison
+    # that XLA fuses into one reduction; padding entries (position 0, weight 0) match
+    # nothing. Not a scatter: on TPU v5p XLA offloads a large one to the SparseCore,
+    # which its cost model cannot price (ELECTRA-base's step at global batch 256 had no
+    # step-time estimate).
+    at = (pos[:, :, None] == jnp.arange(original.shape[1], dtype=jnp.int32)) & chosen[
+        :, :, None]
+    hit = jnp.any(at, axis=1)
+    new = jnp.sum(jnp.where(at, sampled[:, :, None], 0), axis=1, dtype=original.dtype)
+    return jnp.where(hit, new, original)
 
   def loss(self, params, batch, rng, train):
     gen_p, disc_p = self.model_params(params)
