@@ -22,15 +22,19 @@ from encoders.hf import from_hf, to_hf, hf_config  # noqa: E402
 from encoders.pure import as_function, load, place, to_nnx  # noqa: E402
 
 __all__ = ["EncoderOutput", "build", "from_hf", "to_hf", "hf_config", "register_family",
-           "validate_inputs", "init_params", "family_defaults", "forward_flops",
+           "validate_inputs", "init_params", "init_boxed", "family_defaults", "forward_flops",
            "load", "as_function", "place", "to_nnx"]
 
 
-def init_params(model, rng, batch_size=1, length=8):
-  """Random float32 params for `model` (unboxed from their logical partitioning); jitted,
-  as op-by-op init compiles every random draw separately."""
-  import flax.linen as nn
+def init_boxed(model, rng, batch_size=1, length=8):
+  """Random params for `model`, boxed with their logical axes (for sharding). Jitted: an
+  op-by-op init compiles every random draw and reshape as a program of its own."""
   import jax
   import jax.numpy as jnp
-  ids = jnp.zeros((batch_size, length), jnp.int32)
-  return nn.unbox(jax.jit(model.init)(rng, ids))["params"]
+  return jax.jit(model.init)(rng, jnp.zeros((batch_size, length), jnp.int32))["params"]
+
+
+def init_params(model, rng, batch_size=1, length=8):
+  """Random float32 params for `model` (unboxed from their logical partitioning)."""
+  import flax.linen as nn
+  return nn.unbox(init_boxed(model, rng, batch_size, length))

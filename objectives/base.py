@@ -72,12 +72,6 @@ def prepare_config(config):
   objective_class(config).prepare_config(config)
 
 
-def init_module(module, rng, seq_len: int):
-  """`module`'s boxed params (logical axes kept) for rows of `seq_len` tokens. Jitted: an
-  op-by-op init compiles every random draw and reshape as a program of its own."""
-  return jax.jit(module.init)(rng, jnp.zeros((1, seq_len), jnp.int32))["params"]
-
-
 def model_forward_flops(model_config, seq_len: int, mlm_positions=None) -> float:
   """Forward FLOPs of one sequence through a family's model, counted by the family."""
   import encoders

@@ -39,7 +39,7 @@ import numpy as np
 
 import encoders
 from objectives import losses, mlm, pretrained
-from objectives.base import init_module, model_forward_flops, register_objective
+from objectives.base import model_forward_flops, register_objective
 
 log = logging.getLogger("encoder_zoo")
 
@@ -217,8 +217,9 @@ class Distillation(mlm.MaskedLM):
              t.num_hidden_layers, t.hidden_size, t.vocab_size, config.tokenizer.path)
 
   def init(self, rng):
-    return {"encoder": init_module(self.model, rng, self.seq_len),
-            "teacher": init_module(self.teacher, jax.random.fold_in(rng, 1), self.seq_len)}
+    return {"encoder": encoders.init_boxed(self.model, rng, length=self.seq_len),
+            "teacher": encoders.init_boxed(self.teacher, jax.random.fold_in(rng, 1),
+                                           length=self.seq_len)}
 
   def after_init(self, params, shardings):
     out = dict(params)

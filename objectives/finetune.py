@@ -20,9 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import encoders
 from encoders import tasks
 from objectives import losses
-from objectives.base import Objective, init_module, register_objective
+from objectives.base import Objective, register_objective
 from objectives.spec import SEQ, BatchSpec, Field
 
 IGNORE = -100
@@ -109,7 +110,7 @@ class Finetune(Objective):
     self.seq_len = int(config.data.seq_len)
 
   def init(self, rng):
-    return {"encoder": init_module(self.model, rng, self.seq_len)}
+    return {"encoder": encoders.init_boxed(self.model, rng, length=self.seq_len)}
 
   def after_init(self, params, shardings):
     """init_from's weights into the encoder (base class), unless finetune.random_init."""

@@ -16,7 +16,7 @@ import numpy as np
 
 import encoders
 from objectives import losses, masking, spec
-from objectives.base import (Objective, init_module, model_forward_flops, optional,
+from objectives.base import (Objective, model_forward_flops, optional,
                              register_objective, select_heads)
 
 # pair task -> (model head, output field, label key); HF's pretraining classes take the
@@ -72,7 +72,7 @@ class MaskedLM(Objective):
   # -------------------------------------------------------------------- init
 
   def init(self, rng):
-    return {"encoder": init_module(self.model, rng, self.seq_len)}
+    return {"encoder": encoders.init_boxed(self.model, rng, length=self.seq_len)}
 
   # -------------------------------------------------------------------- the step
 

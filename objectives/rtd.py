@@ -52,7 +52,7 @@ from encoders import heads as heads_lib
 from encoders import layers
 from objectives import losses, masking, spec
 from objectives import mlm as mlm_lib
-from objectives.base import (Objective, init_module, model_forward_flops, register_objective,
+from objectives.base import (Objective, model_forward_flops, register_objective,
                              select_heads)
 
 SHARING = ("none", "tied", "gdes")
@@ -223,8 +223,8 @@ class ReplacedTokenDetection(Objective):
 
   def _init_both(self, rng):
     kg, kd = jax.random.split(rng)
-    return (init_module(self.generator, kg, self.seq_len),
-            init_module(self.discriminator, kd, self.seq_len))
+    return (encoders.init_boxed(self.generator, kg, length=self.seq_len),
+            encoders.init_boxed(self.discriminator, kd, length=self.seq_len))
 
   def init(self, rng):
     """Boxed params; with sharing, the discriminator's shared tables are absent (tied) or
