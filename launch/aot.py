@@ -116,7 +116,6 @@ def _cost(compiled) -> Dict[str, float]:
 
 # Custom calls that do no work of their own but that XLA's TPU cost model cannot price.
 FREE_CUSTOM_CALLS = ("ConcatBitcast",)
-FREE_NOTE = "XLA's price adjusted: "
 
 
 def free_custom_calls(hlo: str) -> int:
@@ -222,15 +221,11 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
       est = _xla_part_without_kernels(config, tok, devices, batch, _has_loop(hlo))
       notes.append("XLA's part priced on a twin with each Pallas kernel replaced by an "
                    "elementwise stand-in (same inputs and output); the kernels by roofline")
-    free = free_custom_calls(priced_hlo)
-    if free and est is not None and est > 0:
-      notes.append(f"{FREE_NOTE}{free} ConcatBitcast custom call(s) (weights prefetched "
-                   "into on-chip memory, joined in place) counted at 0 s, where XLA's cost "
-                   "model charges -1 s for each")
     if notes:
       report["estimate_notes"] = notes
     if est is not None and est > 0:
       report["xla_priced_s"] = est
+      report["free_custom_calls"] = free_custom_calls(priced_hlo)
       report["kernel_roofline"] = kernels
       est = est + kernels["seconds"]
       report["estimated_step_s"] = est
@@ -371,8 +366,11 @@ def format_report(r: Dict[str, Any]) -> str:
       lines.append(f"  UNPRICED custom calls (the estimate is a lower bound): "
                    f"{sorted(set(kr['unpriced']))}")
     for note in r.get("estimate_notes", []):
-      kind = "" if note.startswith(FREE_NOTE) else "estimated on a twin of the step: "
-      lines.append(f"  ({kind}{note})")
+      lines.append(f"  (estimated on a twin of the step: {note})")
+    if r.get("free_custom_calls"):
+      lines.append(f"  (XLA's price adjusted: {r['free_custom_calls']} ConcatBitcast custom "
+                   "call(s) (weights prefetched into on-chip memory, joined in place) "
+                   "counted at 0 s, where XLA's cost model charges -1 s for each)")
   else:
     lines.append("XLA reported no step-time estimate for this program")
   xf = r.get("xla_flops_per_device")
