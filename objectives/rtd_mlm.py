@@ -53,7 +53,7 @@ def nll_and_metrics(logp, labels, weights, replaced, inputs, prefix="dmlm"):
   w = jnp.where(counted, weights, 0.0).astype(jnp.float32)
   safe = jnp.where(counted, labels, 0)
   lp = jnp.take_along_axis(logp, safe[..., None], axis=-1)[..., 0]
-  correct = (jnp.argmax(logp, axis=-1) == safe) & counted
+  correct = losses.argmax_equals(logp, safe) & counted
   rep = replaced & counted
   f = lambda x: jnp.sum(x.astype(jnp.float32))
   loss_sum = jnp.sum(jnp.where(counted, -lp * w, 0.0))

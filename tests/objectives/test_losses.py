@@ -191,3 +191,34 @@ def test_metric_sums_add_up_across_microbatches(data):
   assert fin["nsp_accuracy"] == 0.5 and fin["nsp_count"] == 2.0
   assert fin["step"] == 7
   assert isinstance(fin["mlm_loss"], float)
+
+
+@pytest.mark.parametrize("case", ["unique", "ties", "nan", "one_tie_row", "all_equal"])
+def test_argmax_equals_is_argmax_exactly(case):
+  """The fast accuracy test agrees with `argmax == label` on every row, including the rows
+  that need the exact path: ties (the first maximal index wins, as in argmax), a NaN (argmax
+  picks it) and a row of identical logits (a collapsed model is not 100% accurate)."""
+  rng = np.random.default_rng(3)
+  logits = rng.standard_normal((6, 5, 40)).astype(np.float32)
+  if case == "ties":  # small integer logits: many rows tie at their maximum
+    logits = rng.integers(0, 4, (6, 5, 40)).astype(np.float32)
+  elif case == "nan":
+    logits[2, 3, 7] = np.nan
+  elif case == "one_tie_row":
+    logits[1, 1, :] = 0.0
+    logits[1, 1, [4, 9]] = 5.0
+  elif case == "all_equal":
+    logits[:] = 0.25
+  labels = rng.integers(0, 40, (6, 5)).astype(np.int32)
+  top = np.argmax(logits, -1)  # numpy's argmax also returns the first NaN / first maximum
+  labels[0] = top[0]  # some rows right, so both outcomes are exercised
+  if case == "one_tie_row":
+    labels[1, 1] = 9  # the second of two maxima: wrong for argmax, though at the maximum
+  if case == "all_equal":
+    labels[0, 0] = 0  # argmax of an all-equal row is index 0
+  got = np.asarray(jax.jit(losses.argmax_equals)(jnp.asarray(logits), jnp.asarray(labels)))
+  want = np.asarray(jnp.argmax(jnp.asarray(logits), -1)) == labels
+  np.testing.assert_array_equal(got, want)
+  assert got.any() and not got.all()
+  if case == "one_tie_row":
+    assert not got[1, 1]
