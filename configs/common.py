@@ -127,6 +127,9 @@ def base_config():
   c.train.nonfinite_policy = "stop"
   c.train.grad_spike_factor = 0.0  # > 1: a norm above factor x its running mean is a spike
   c.train.grad_spike_warmup = 100  # accepted steps before spikes are looked for
+  # JAX's persistent compilation cache: a restarted run reads its compiled programs back
+  # instead of compiling again ("" off; launch/trainer/compile_cache.py).
+  c.train.compilation_cache_dir = "{workdir}/compilation_cache"
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices

@@ -188,8 +188,11 @@ def run(config, workdir: str, devices=None):
   from launch.trainer import checkpoint as ckpt_lib
   from launch.trainer import metrics as metrics_lib
   from launch.trainer import sharding as shard_lib
+  from launch.trainer import compile_cache
   workdir = os.path.abspath(workdir)
+  compile_cache.resolve(config.train.get("compilation_cache_dir", ""), workdir)  # errors first
   os.makedirs(workdir, exist_ok=True)
+  compile_cache.enable(config.train.get("compilation_cache_dir", ""), workdir)
   config = ml_collections.ConfigDict(config.to_dict())
   f = config.finetune
   if not config.get("init_from", ""):

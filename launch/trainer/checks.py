@@ -147,6 +147,8 @@ def check(config, devices=None) -> ml_collections.ConfigDict:
   _as_error(pipeline_lib.validate, out)
   _as_error(objectives.objective_class, out)
   _check_files(out)
+  from launch.trainer import compile_cache
+  _as_error(compile_cache.resolve, out.train.get("compilation_cache_dir", ""), "")
   scratch = ml_collections.ConfigDict(out.to_dict())
   _as_error(objectives.prepare_config, scratch)  # reads init_from / teacher; writes nothing
   _check_length(scratch)

@@ -16,6 +16,7 @@ from launch import data as data_lib
 from launch import devices as devices_lib
 from launch.trainer import checkpoint as ckpt_lib
 from launch.trainer import checks
+from launch.trainer import compile_cache
 from launch.trainer import demo
 from launch.trainer import guard as guard_lib
 from launch.trainer import metrics as metrics_lib
@@ -92,6 +93,7 @@ def train_and_evaluate(config, workdir: str, devices=None,
     return {"state": None, "eval": report.say_complete(workdir, done), "setup": None,
             "step": done}
   os.makedirs(workdir, exist_ok=True)
+  compile_cache.enable(config.train.get("compilation_cache_dir", ""), workdir)
   config, pipeline = prepare(config, workdir)
   setup = build(config, pipeline.tokenizer, devices)
   objective = setup.objective

@@ -1,0 +1,100 @@
+"""train.compilation_cache_dir: JAX's persistent compilation cache for training runs
+(launch/trainer/compile_cache.py). A restart reads the train step back from disk."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from launch.trainer import checks, compile_cache
+from tests.launch.test_multiprocess import OVERRIDES, ROOT
+
+
+def test_resolve_fills_in_the_workdir_and_rejects_other_placeholders():
+  assert compile_cache.resolve("{workdir}/compilation_cache", "/runs/a") == (
+      "/runs/a/compilation_cache")
+  assert compile_cache.resolve("/shared/cache", "/runs/a") == "/shared/cache"
+  assert compile_cache.resolve("", "/runs/a") == ""
+  assert compile_cache.resolve("  ", "/runs/a") == ""
+  with pytest.raises(ValueError, match=r"only placeholder is \{workdir\}"):
+    compile_cache.resolve("{run}/cache", "/runs/a")
+  with pytest.raises(ValueError, match="must be a string"):
+    compile_cache.resolve(None, "/runs/a")
+
+
+def test_a_bad_value_is_a_start_up_error_naming_the_key():
+  from configs import bert
+  config = bert.get_config("tiny")
+  with config.unlocked():
+    config.train.compilation_cache_dir = "{wrkdir}/cache"
+  with pytest.raises(checks.ConfigError, match="train.compilation_cache_dir"):
+    checks.check(config)
+
+
+def test_an_existing_process_cache_is_kept(tmp_path):
+  import jax
+  # The test session's own cache (tests/conftest.py) is the process's here: it stays, and
+  # nothing is created at the config's path.
+  current = jax.config.jax_compilation_cache_dir
+  assert current
+  got = compile_cache.enable("{workdir}/cc", str(tmp_path))
+  assert got == current
+  assert not (tmp_path / "cc").exists()
+
+
+_RUN = textwrap.dedent("""
+  import json, sys
+  import jax
+  from jax import monitoring
+  events = []
+  monitoring.register_event_listener(lambda name, **kw: events.append(name))
+  from configs import bert
+  from launch.trainer import loop
+  config = bert.get_config("tiny")
+  with config.unlocked():
+    for o in json.loads(sys.argv[2]):
+      key, value = o.removeprefix("--config.").split("=")
+      node = config
+      *path, last = key.split(".")
+      for p in path:
+        node = node[p]
+      node[last] = type(node[last])(eval(value) if value in ("True", "False") else value)
+  out = loop.train_and_evaluate(config, sys.argv[1])
+  print("RESULT", json.dumps({
+      "step": out["step"], "cache_dir": jax.config.jax_compilation_cache_dir,
+      "hits": events.count("/jax/compilation_cache/cache_hits"),
+      "misses": events.count("/jax/compilation_cache/cache_misses")}))
+""")
+
+
+def _train(script, workdir, steps):
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  for k in ("JAX_COMPILATION_CACHE_DIR", "XLA_FLAGS"):
+    env.pop(k, None)
+  overrides = [o for o in OVERRIDES if not o.startswith(("--config.train.eval_every",
+                                                         "--config.checkpoint.every"))]
+  overrides += [f"--config.train.steps={steps}", "--config.train.eval_every=1000",
+                "--config.checkpoint.every=1000"]
+  p = subprocess.run([sys.executable, str(script), workdir, json.dumps(overrides)], cwd=ROOT,
+                     env=env, capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+  line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")][-1]
+  return json.loads(line.removeprefix("RESULT "))
+
+
+@pytest.mark.slow  # two fresh processes that each build a tokenizer and train (~55 s)
+def test_a_restarted_run_reads_its_compiled_programs_back(tmp_path):
+  script = tmp_path / "run.py"
+  script.write_text(_RUN)
+  workdir = str(tmp_path / "run")
+  first = _train(script, workdir, 2)
+  cache = os.path.join(workdir, "compilation_cache")
+  assert first["step"] == 2 and first["cache_dir"] == cache
+  assert first["hits"] == 0 and first["misses"] > 0
+  written = [f for f in os.listdir(cache) if not f.startswith(".")]
+  assert written, "the first run wrote no cache entries"
+  second = _train(script, workdir, 4)  # the restart: resumes from step 2
+  assert second["step"] == 4 and second["cache_dir"] == cache
+  assert second["hits"] > 0, second
