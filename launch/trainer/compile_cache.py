@@ -18,7 +18,9 @@ is trusted code (JAX's warning): a directory that others may write to lets them 
 in your process, so do not point it at one.
 
 If the process already has a cache directory (`JAX_COMPILATION_CACHE_DIR`, or set by the
-caller, e.g. the test suite), that one is kept and the config's is not applied.
+caller, e.g. the test suite), that one is kept and the config's is not applied. One set
+here by an earlier run in the same process (the ablation runner's arms) is replaced by
+the next run's.
 Programs that compile in under a second are not written (JAX's default threshold).
 """
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Optional
 log = logging.getLogger(__name__)
 
 WORKDIR = "{workdir}"
+_set_here: Optional[str] = None  # the directory this module set, if it set one
 
 
 def resolve(template: str, workdir: str) -> str:
@@ -49,9 +52,17 @@ def resolve(template: str, workdir: str) -> str:
 
 def enable(template: str, workdir: str) -> Optional[str]:
   """Turns the cache on for this process; returns the directory in use (None: off)."""
+  global _set_here
   import jax
   path = resolve(template, workdir)
   current = jax.config.jax_compilation_cache_dir
+  if current and current == _set_here:  # an earlier run in this process (e.g. an ablation)
+    if path == current:
+      return current
+    from jax.experimental.compilation_cache import compilation_cache as cc
+    cc.reset_cache()  # JAX reads the directory once; let the next compile read the new one
+    jax.config.update("jax_compilation_cache_dir", None)
+    _set_here = current = None
   if current:
     if path and os.path.abspath(current) != os.path.abspath(path) and "://" not in path:
       log.info("compilation cache: keeping the process's %s (train.compilation_cache_dir "
@@ -62,5 +73,6 @@ def enable(template: str, workdir: str) -> Optional[str]:
   if "://" not in path:
     os.makedirs(path, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", path)
+  _set_here = path
   log.info("compilation cache: %s", path)
   return path

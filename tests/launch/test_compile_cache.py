@@ -98,3 +98,22 @@ def test_a_restarted_run_reads_its_compiled_programs_back(tmp_path):
   second = _train(script, workdir, 4)  # the restart: resumes from step 2
   assert second["step"] == 4 and second["cache_dir"] == cache
   assert second["hits"] > 0, second
+
+
+def test_a_second_run_in_the_process_switches_to_its_own_cache(tmp_path, monkeypatch):
+  import jax
+  session = jax.config.jax_compilation_cache_dir
+  try:
+    jax.config.update("jax_compilation_cache_dir", None)  # as in a process of its own
+    monkeypatch.setattr(compile_cache, "_set_here", None)
+    a = compile_cache.enable("{workdir}/cc", str(tmp_path / "a"))
+    assert a == str(tmp_path / "a" / "cc") and os.path.isdir(a)
+    assert jax.config.jax_compilation_cache_dir == a
+    b = compile_cache.enable("{workdir}/cc", str(tmp_path / "b"))
+    assert b == str(tmp_path / "b" / "cc") and jax.config.jax_compilation_cache_dir == b
+    assert compile_cache.enable("", str(tmp_path / "c")) is None  # off: none at all
+    assert not jax.config.jax_compilation_cache_dir
+  finally:
+    from jax.experimental.compilation_cache import compilation_cache as cc
+    cc.reset_cache()
+    jax.config.update("jax_compilation_cache_dir", session)
