@@ -80,7 +80,7 @@ def _train(script, workdir, steps):
   p = subprocess.run([sys.executable, str(script), workdir, json.dumps(overrides)], cwd=ROOT,
                      env=env, capture_output=True, text=True, timeout=600)
   assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-  line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")][-1]
+  line = [s for s in p.stdout.splitlines() if s.startswith("RESULT ")][-1]
   return json.loads(line.removeprefix("RESULT "))
 
 
