@@ -190,9 +190,9 @@ def run(config, workdir: str, devices=None):
   from launch.trainer import sharding as shard_lib
   from launch.trainer import compile_cache
   workdir = os.path.abspath(workdir)
-  compile_cache.resolve(config.train.get("compilation_cache_dir", ""), workdir)  # errors first
-  os.makedirs(workdir, exist_ok=True)
+  # Before anything is written: a bad value raises; the cache directory makes the workdir.
   compile_cache.enable(config.train.get("compilation_cache_dir", ""), workdir)
+  os.makedirs(workdir, exist_ok=True)
   config = ml_collections.ConfigDict(config.to_dict())
   f = config.finetune
   if not config.get("init_from", ""):

@@ -64,7 +64,7 @@ def enable(template: str, workdir: str) -> Optional[str]:
     jax.config.update("jax_compilation_cache_dir", None)
     _set_here = current = None
   if current:
-    if path and os.path.abspath(current) != os.path.abspath(path) and "://" not in path:
+    if path and path != current:
       log.info("compilation cache: keeping the process's %s (train.compilation_cache_dir "
                "%s not applied)", current, path)
     return current

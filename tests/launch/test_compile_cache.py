@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from launch.trainer import checks, compile_cache
-from tests.launch.test_multiprocess import OVERRIDES, ROOT
+from tests.launch.test_multiprocess import ROOT
 
 
 def test_resolve_fills_in_the_workdir_and_rejects_other_placeholders():
@@ -50,18 +50,9 @@ _RUN = textwrap.dedent("""
   from jax import monitoring
   events = []
   monitoring.register_event_listener(lambda name, **kw: events.append(name))
-  from configs import bert
   from launch.trainer import loop
-  config = bert.get_config("tiny")
-  with config.unlocked():
-    for o in json.loads(sys.argv[2]):
-      key, value = o.removeprefix("--config.").split("=")
-      node = config
-      *path, last = key.split(".")
-      for p in path:
-        node = node[p]
-      node[last] = type(node[last])(eval(value) if value in ("True", "False") else value)
-  out = loop.train_and_evaluate(config, sys.argv[1])
+  from tests.launch.test_multiprocess import tiny_config
+  out = loop.train_and_evaluate(tiny_config(*json.loads(sys.argv[2])), sys.argv[1])
   print("RESULT", json.dumps({
       "step": out["step"], "cache_dir": jax.config.jax_compilation_cache_dir,
       "hits": events.count("/jax/compilation_cache/cache_hits"),
@@ -73,10 +64,8 @@ def _train(script, workdir, steps):
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   for k in ("JAX_COMPILATION_CACHE_DIR", "XLA_FLAGS"):
     env.pop(k, None)
-  overrides = [o for o in OVERRIDES if not o.startswith(("--config.train.eval_every",
-                                                         "--config.checkpoint.every"))]
-  overrides += [f"--config.train.steps={steps}", "--config.train.eval_every=1000",
-                "--config.checkpoint.every=1000"]
+  overrides = [f"--config.train.steps={steps}", "--config.train.eval_every=1000",
+               "--config.checkpoint.every=1000"]  # after OVERRIDES (tiny_config): these win
   p = subprocess.run([sys.executable, str(script), workdir, json.dumps(overrides)], cwd=ROOT,
                      env=env, capture_output=True, text=True, timeout=600)
   assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]

@@ -18,7 +18,7 @@ import pytest
 from launch.trainer import checkpoint as ckpt_lib
 from launch.trainer import metrics as metrics_lib
 from launch.trainer import step as step_lib
-from tests.launch.test_multiprocess import OVERRIDES, ROOT, _free_port
+from tests.launch.test_multiprocess import OVERRIDES, ROOT, _free_port, tiny_config
 
 CKPT = ml_collections.ConfigDict({"keep": 3, "use_async": True})
 
@@ -135,14 +135,8 @@ def _weights(workdir):
 def _prepared_workdir(path, steps):
   """A workdir whose tokenizer and token cache exist: under load, training the tokenizer
   on process 0 while process 1 waits can outlast gloo's connect timeout."""
-  from configs import bert
   from launch import data as data_lib
-  c = bert.get_config("tiny").unlock()
-  for o in [*OVERRIDES, f"--config.train.steps={steps}"]:
-    key, value = o.removeprefix("--config.").split("=")
-    section, name = key.split(".")
-    kind = type(c[section][name])
-    c[section][name] = value == "True" if kind is bool else kind(value)
+  c = tiny_config(f"--config.train.steps={steps}")
   data_lib.make_pipeline(c, path, process_index=0, process_count=1)
   return path
 

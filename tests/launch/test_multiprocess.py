@@ -21,6 +21,19 @@ OVERRIDES = ["--config.model.num_hidden_layers=1", "--config.model.hidden_size=3
              "--config.logging.plot=False"]
 
 
+def tiny_config(*extra):
+  """configs/bert.py:tiny with OVERRIDES, then `extra` ("--config.section.name=value"; a
+  later one wins) applied, as the command line would."""
+  from configs import bert
+  c = bert.get_config("tiny").unlock()
+  for o in [*OVERRIDES, *extra]:
+    key, value = o.removeprefix("--config.").split("=")
+    section, name = key.split(".")
+    kind = type(c[section][name])
+    c[section][name] = value == "True" if kind is bool else kind(value)
+  return c
+
+
 def _free_port():
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
