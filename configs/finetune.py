@@ -53,6 +53,12 @@ def get_config(arg="sequence"):
   # compiled step per width): "auto" = 16, 24, 32, 48, 64, 96, ... up to data.seq_len;
   # "off" = every batch at seq_len; or widths "32,64" (seq_len is always added).
   f.length_buckets = "auto"
+  # True (sequence and token tasks): each training batch's global_batch examples are
+  # packed several to a row of data.seq_len columns (segment ids keep them apart; the
+  # same loss and gradients as unpacked), and the row count padded to a few sizes (one
+  # compiled step each). Short texts then cost their own tokens, not a row's width.
+  # Evaluation stays unpacked.
+  f.packing = False
   # True: the architecture and tokenizer of init_from, its weights NOT loaded (a
   # from-scratch baseline for "what pretraining buys")
   f.random_init = False

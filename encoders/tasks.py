@@ -4,6 +4,8 @@ classification, extractive QA, and masked mean-pooled embeddings, for every fami
     model = tasks.build(config.model, "sequence", num_labels=3)   # or tasks.from_hf(dir)
     out = model.apply({"params": params}, input_ids, attention_mask, token_type_ids)
     out.logits            # sequence (B,N) | token (B,T,N)
+    # packed rows: segment_ids=(B,T) (1, 2, ... per example, 0 = padding); a sequence
+    # head's logits are then (B,T,N), each example's at its first token
     out.start_logits, out.end_logits                              # qa (B,T)
     tasks.embed(model_or_encoder, params, ids, mask)              # (B,D) masked mean
 
@@ -213,11 +215,17 @@ class TaskModel(nn.Module):
         c.get("initializer_range", 0.02), layers.dtype_from_name(c.dtype)))
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *,
-               position_ids=None, deterministic=True):
-    out = self.backbone(input_ids, attention_mask, token_type_ids, position_ids=position_ids,
-                        deterministic=deterministic)
+               segment_ids=None, position_ids=None, deterministic=True):
+    if segment_ids is not None and self.task == "qa":
+      raise ValueError("packed rows (segment_ids) are not supported for the qa task: its "
+                       "start/end softmax runs over a whole row")
+    out = self.backbone(input_ids, attention_mask, token_type_ids, segment_ids=segment_ids,
+                        position_ids=position_ids, deterministic=deterministic)
     h = out.last_hidden_state
     head = getattr(self, f"{self.task}_head")
+    if self.task == "sequence" and segment_ids is not None:
+      pooled = self._pool_segments(h, segment_ids)
+      return TaskOutput(h, logits=head(pooled, deterministic), pooled=pooled)
     if self.task == "sequence":
       pooling = self.spec.pooling
       pooled = (out.pooler_output if pooling == "pooler" else h[:, 0] if pooling == "cls"
@@ -227,6 +235,25 @@ class TaskModel(nn.Module):
     if self.task == "token":
       return TaskOutput(h, logits=logits)
     return TaskOutput(h, start_logits=logits[..., 0], end_logits=logits[..., 1])
+
+
+  def _pool_segments(self, h, segment_ids):
+    """Packed rows (B,T,D), (B,T) segment ids -> (B,T,D): at every token, what the
+    family's pooling gives for that token's example (segment). An example's own pooled
+    vector is the one at its first token, which is where packed batches put its label
+    (launch/data/finetune_data.pack_rows); the head runs on every token, a D x D (or
+    D x N) matmul per token, small beside the encoder."""
+    pooling = self.spec.pooling
+    if pooling == "cls":  # the segment's first token is its [CLS]
+      return h
+    if pooling == "pooler":  # the family's pooler applied to each token as a first token
+      b, t, d = h.shape
+      return self.backbone.pooler(h.reshape(b * t, 1, d)).reshape(b, t, -1)
+    # mean: each token gets the float32 mean over the real tokens of its segment
+    seg = segment_ids.astype(jnp.int32)
+    same = ((seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)).astype(jnp.float32)
+    total = jnp.einsum("bts,bsd->btd", same, h.astype(jnp.float32))
+    return (total / jnp.maximum(same.sum(-1), 1.0)[..., None]).astype(h.dtype)
 
 
 def task_config(model_config, task: str):

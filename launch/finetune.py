@@ -197,6 +197,9 @@ def run(config, workdir: str, devices=None):
   f = config.finetune
   if not config.get("init_from", ""):
     raise ValueError("fine-tuning needs --config.init_from=DIR (an HF directory)")
+  if f.get("packing", False) and f.task not in ("sequence", "token"):
+    raise ValueError(f"finetune.packing=True supports the sequence and token tasks, not "
+                     f"{f.task!r}")
   objectives.prepare_config(config)  # model section + tokenizer path from init_from
   tok = fd.load_tokenizer(config.init_from, config.tokenizer.get("lowercase", False))
   t0 = time.perf_counter()
@@ -222,10 +225,16 @@ def run(config, workdir: str, devices=None):
   best = json.load(open(best_path)) if os.path.isfile(best_path) else None
   history, train_time, train_tokens, epoch_times = [], 0.0, 0, []
   buckets = fd.length_buckets(f.get("length_buckets", "auto"), int(config.data.seq_len))
+  pack = None
+  if f.get("packing", False):
+    unit = shard_lib.batch_unit(setup.mesh, config.mesh.rules,
+                                int(config.optimizer.get("grad_accum_steps", 1)))
+    pack = {"task": f.task, "rows": fd.row_buckets(gb, unit),
+            "pad_id": int(config.model.pad_token_id)}
   for epoch in range(done, int(f.epochs)):
     t_epoch, pending = time.perf_counter(), []
     for i, b in enumerate(fd.batches(train, gb, seed=int(config.train.seed) * 1000 + epoch,
-                                     buckets=buckets)):
+                                     buckets=buckets, pack=pack)):
       state, sums = setup.train_step(state, shard_lib.global_batch(b, setup.batch_sharding))
       pending.append(sums)
       train_tokens += int(b["attention_mask"].sum())

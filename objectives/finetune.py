@@ -12,6 +12,12 @@ config.finetune.task:
 Every batch also has `example_weight` (B,) float: 0 on rows that only pad the last
 batch of an epoch, so they count in no loss, metric or gradient.
 
+Packed batches (`finetune.packing`, sequence and token tasks): several examples to a row,
+`segment_ids` (B,T) 1, 2, ... per example (0 = padding), and per-token `labels` (B,T)
+with `label_weight` (B,T) 1 where a label is scored (a sequence example's at its first
+token, where the packed head's logits for it sit); no `example_weight`. The loss sums and
+normalizers are those of the same examples unpacked (tests/launch/test_finetune.py).
+
 Loss terms are SUMS with global normalizers (the number of scored labels), as the
 interface requires; metrics are `task_loss`, `task_accuracy` (argmax == label on the
 scored positions; QA: start and end both right).
@@ -29,9 +35,15 @@ from objectives.spec import SEQ, BatchSpec, Field
 IGNORE = -100
 
 
-def batch_fields(task: str, regression: bool = False):
+def batch_fields(task: str, regression: bool = False, packed: bool = False):
   f = {"input_ids": Field((SEQ,), "int32"), "attention_mask": Field((SEQ,), "int32"),
-       "token_type_ids": Field((SEQ,), "int32"), "example_weight": Field((), "float32")}
+       "token_type_ids": Field((SEQ,), "int32")}
+  if packed:
+    f["segment_ids"] = Field((SEQ,), "int32")
+    f["labels"] = Field((SEQ,), "float32" if regression else "int32")
+    f["label_weight"] = Field((SEQ,), "float32")
+    return f
+  f["example_weight"] = Field((), "float32")
   if task == "sequence":
     f["labels"] = Field((), "float32" if regression else "int32")
   elif task == "token":
@@ -40,6 +52,32 @@ def batch_fields(task: str, regression: bool = False):
     f["start_positions"] = Field((), "int32")
     f["end_positions"] = Field((), "int32")
   return f
+
+
+def _synth_packed(task, num_labels, regression, vocab_size):
+  """Packed rows laid out as `layout` gives (per row, its examples' lengths)."""
+  def synth(layout, width, rng):
+    b = len(layout)
+    seg = np.zeros((b, width), np.int32)
+    first = np.zeros((b, width), bool)
+    for r, docs in enumerate(layout):
+      col = 0
+      for s, n in enumerate(docs):
+        n = min(n, width - col)
+        if n <= 0:
+          break
+        seg[r, col:col + n], first[r, col] = s + 1, True
+        col += n
+    mask = (seg > 0).astype(np.int32)
+    scored = first if task == "sequence" else mask > 0
+    if regression:
+      labels = np.where(scored, rng.randn(b, width), 0.0).astype(np.float32)
+    else:
+      labels = np.where(scored, rng.randint(0, num_labels, (b, width)), IGNORE).astype(np.int32)
+    return {"input_ids": (rng.randint(5, vocab_size, (b, width)) * mask).astype(np.int32),
+            "attention_mask": mask, "token_type_ids": np.zeros((b, width), np.int32),
+            "segment_ids": seg, "labels": labels, "label_weight": scored.astype(np.float32)}
+  return synth
 
 
 def _synth(task, num_labels, regression, vocab_size):
@@ -65,6 +103,14 @@ def _synth(task, num_labels, regression, vocab_size):
 
 def task_loss(out, batch, task: str, regression: bool):
   """(term sums, metric sums) of a TaskOutput against a batch."""
+  if "label_weight" in batch:  # packed rows: a label per scored token (module docstring)
+    w = batch["label_weight"].astype(jnp.float32)
+    if regression:
+      err = out.logits[..., 0] - batch["labels"].astype(jnp.float32)
+      loss_sum = jnp.sum(w * err * err)
+      return ({"task": loss_sum}, {"task_loss_sum": loss_sum, "task_weight_sum": jnp.sum(w)})
+    _, m = losses.weighted_cross_entropy(out.logits, batch["labels"], w, prefix="task")
+    return {"task": m["task_loss_sum"]}, m
   w = batch["example_weight"].astype(jnp.float32)
   if task == "sequence" and regression:
     err = out.logits[:, 0] - batch["labels"].astype(jnp.float32)
@@ -108,6 +154,10 @@ class Finetune(Objective):
     self.tokenizer = tokenizer
     self.init_from = config.get("init_from", "")
     self.seq_len = int(config.data.seq_len)
+    self.packed = bool(f.get("packing", False))
+    if self.packed and self.task == "qa":
+      raise ValueError("finetune.packing=True supports the sequence and token tasks; qa "
+                       "windows are scored over whole rows, so pack them off")
 
   def init(self, rng):
     return {"encoder": encoders.init_boxed(self.model, rng, length=self.seq_len)}
@@ -119,6 +169,8 @@ class Finetune(Objective):
     return super().after_init(params, shardings)
 
   def normalizers(self, batch):
+    if "label_weight" in batch:
+      return {"task": jnp.sum(batch["label_weight"].astype(jnp.float32))}
     w = batch["example_weight"].astype(jnp.float32)
     if self.task == "token":
       return {"task": jnp.sum(w[:, None] * (batch["labels"] != IGNORE))}
@@ -128,6 +180,7 @@ class Finetune(Objective):
     rngs = {"dropout": rng} if (train and rng is not None) else None
     return self.model.apply({"params": params["encoder"]}, batch["input_ids"],
                             batch["attention_mask"], batch["token_type_ids"],
+                            segment_ids=batch.get("segment_ids"),
                             deterministic=not train, rngs=rngs)
 
   def loss(self, params, batch, rng, train):
@@ -144,8 +197,9 @@ class Finetune(Objective):
 
   def batch_spec(self):
     n = self.model.num_labels
-    return BatchSpec(batch_fields(self.task, self.regression),
-                     _synth(self.task, n, self.regression, self.model_config.vocab_size))
+    synth = _synth_packed if self.packed else _synth
+    return BatchSpec(batch_fields(self.task, self.regression, self.packed),
+                     synth(self.task, n, self.regression, self.model_config.vocab_size))
 
   def baselines(self, train_batches, eval_items):
     """The majority class of the training rows, scored on the eval rows."""

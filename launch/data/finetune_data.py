@@ -322,13 +322,88 @@ def trim_to_bucket(batch: Dict[str, np.ndarray], buckets: Sequence[int]) -> Dict
           for k, v in batch.items()}
 
 
+def row_buckets(batch_size: int, unit: int = 1) -> Tuple[int, ...]:
+  """The row counts packed batches are padded to: multiples of `unit` (what the batch
+  must split into: data-parallel shards x micro-batches) on the 1, 1.5, 2, 3, 4, 6, ...
+  ladder, up to `batch_size` rounded up to `unit` (one example per row: the most a
+  batch can need)."""
+  top = -(-batch_size // unit) * unit
+  counts, r = set(), 1
+  while r * unit < top:
+    counts.update({r * unit, (r + r // 2) * unit})
+    r *= 2
+  return tuple(sorted(c for c in counts if c < top)) + (top,)
+
+
+def pack_rows(batch: Dict[str, np.ndarray], task: str, rows: Sequence[int],
+              pad_id: int = 0) -> Dict[str, np.ndarray]:
+  """One batch of examples (rows padded on the right, `example_weight` 0 on filler rows)
+  -> the same examples packed several to a row of the batch's width, first-fit by
+  decreasing length (`finetune.packing`).
+
+  Each example keeps its tokens, token types and labels; `segment_ids` numbers the
+  examples of a row 1, 2, ... (0 = padding), so the encoder attends within an example
+  only and restarts its positions there. Labels become per token: `labels` (rows, width)
+  with IGNORE where nothing is scored (a sequence example's label sits on its first
+  token) and `label_weight` (rows, width) 1 where a label is scored. Filler examples
+  (weight 0) are dropped; the row count is padded up to the first of `rows` (ascending)
+  that holds them, with empty rows (segment 0, weight 0)."""
+  if task not in ("sequence", "token"):
+    raise ValueError(f"packing supports the sequence and token tasks, not {task!r}")
+  mask = np.asarray(batch["attention_mask"])
+  width = mask.shape[1]
+  lengths = mask.sum(1).astype(np.int64)
+  if (mask.cumsum(1) != np.minimum(np.arange(1, mask.shape[1] + 1)[None],
+                                         lengths[:, None])).any():
+    raise ValueError("packing needs right-padded rows (attention_mask 1...1 0...0)")
+  keep = [i for i in np.argsort(-lengths, kind="stable") if batch["example_weight"][i] > 0]
+  if lengths[keep].max(initial=0) > width:
+    raise ValueError(f"an example of {lengths[keep].max()} tokens does not fit a packed "
+                     f"row of {width}")
+  fill, placed = [], []  # per row: used columns; per example: (row, start column)
+  for i in keep:
+    r = next((j for j, used in enumerate(fill) if used + lengths[i] <= width), len(fill))
+    if r == len(fill):
+      fill.append(0)
+    placed.append((i, r, fill[r]))
+    fill[r] += int(lengths[i])
+  n_rows = next((r for r in rows if r >= len(fill)), None)
+  if n_rows is None:
+    raise ValueError(f"{len(fill)} packed rows exceed the largest row count {rows[-1]}")
+  regression = task == "sequence" and np.issubdtype(batch["labels"].dtype, np.floating)
+  out = {"input_ids": np.full((n_rows, width), pad_id, np.int32),
+         "attention_mask": np.zeros((n_rows, width), np.int32),
+         "token_type_ids": np.zeros((n_rows, width), np.int32),
+         "segment_ids": np.zeros((n_rows, width), np.int32),
+         "labels": np.full((n_rows, width), 0.0 if regression else IGNORE,
+                           np.float32 if regression else np.int32),
+         "label_weight": np.zeros((n_rows, width), np.float32)}
+  segment = np.zeros(n_rows, np.int32)
+  for i, r, start in placed:
+    n, cols = int(lengths[i]), slice(start, start + int(lengths[i]))
+    segment[r] += 1
+    out["input_ids"][r, cols] = batch["input_ids"][i, :n]
+    out["attention_mask"][r, cols] = 1
+    out["token_type_ids"][r, cols] = batch["token_type_ids"][i, :n]
+    out["segment_ids"][r, cols] = segment[r]
+    if task == "sequence":
+      out["labels"][r, start] = batch["labels"][i]
+      out["label_weight"][r, start] = 1.0
+    else:
+      out["labels"][r, cols] = batch["labels"][i, :n]
+      out["label_weight"][r, cols] = (batch["labels"][i, :n] != IGNORE)
+  return out
+
+
 def batches(arrays: Dict[str, np.ndarray], batch_size: int, seed: Optional[int] = None,
-            buckets: Optional[Sequence[int]] = None):
+            buckets: Optional[Sequence[int]] = None, pack: Optional[Dict] = None):
   """Batches of `batch_size` rows (shuffled by `seed` when given); the last is padded
   with copies of row 0 at example_weight 0, so every batch has `batch_size` rows. With
   `buckets` (length_buckets), each batch's sequence arrays are cut to the smallest
   width that holds its longest row: a few shapes (one compiled step each) instead of
-  computing every row at full seq_len."""
+  computing every row at full seq_len. With `pack` (pack_rows' task, rows, pad_id), each
+  batch's `batch_size` examples are packed into rows of the arrays' width before the
+  cut."""
   n = len(arrays["example_weight"])
   order = np.arange(n) if seed is None else np.random.default_rng(seed).permutation(n)
   for lo in range(0, n, batch_size):
@@ -339,4 +414,6 @@ def batches(arrays: Dict[str, np.ndarray], batch_size: int, seed: Optional[int] 
     if fill:
       b["example_weight"] = b["example_weight"].copy()
       b["example_weight"][len(idx):] = 0.0
+    if pack is not None:
+      b = pack_rows(b, **pack)
     yield trim_to_bucket(b, buckets) if buckets else b

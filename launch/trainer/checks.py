@@ -126,7 +126,7 @@ def _check_batch(config, devices):
   accum = int(config.optimizer.get("grad_accum_steps", 1))
   if batch <= 0:
     _fail(f"data.global_batch={batch} must be positive")
-  unit = math.lcm(shards, accum * jax.process_count())
+  unit = shard_lib.batch_unit(mesh, config.mesh.rules, accum)
   if batch % unit:
     parts = [f"{shards} data-parallel devices (mesh {dict(mesh.shape)})"]
     if accum > 1:

@@ -4,6 +4,7 @@ Model code names logical axes only; `config.mesh.rules` maps them to the mesh ax
 (data, fsdp, tensor), and this module turns that into NamedShardings for params, optimizer
 state and batches.
 """
+import math
 from typing import Any, Dict, Sequence, Tuple
 
 import flax.linen as nn
@@ -77,6 +78,15 @@ def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
   """Rows over the axes `act_batch` maps to; the sequence dim replicated."""
   axes = dict(rules_tuple(rules)).get("act_batch")
   return NamedSharding(mesh, P(axes))
+
+
+def batch_unit(mesh: Mesh, rules, accum: int = 1) -> int:
+  """What a global batch's row count must be a multiple of: the data-parallel shards
+  (the mesh axes `act_batch` maps to) and `accum` micro-batches per process."""
+  axes = dict(rules_tuple(rules)).get("act_batch")
+  axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+  shards = math.prod(mesh.shape[a] for a in axes)
+  return math.lcm(shards, accum * jax.process_count())
 
 
 def row_sharding(sharding: NamedSharding, ndim: int) -> NamedSharding:

@@ -194,6 +194,56 @@ def test_padding_invariance(model_type, task, saved):
       np.testing.assert_allclose(a, b, atol=1e-5, rtol=0, err_msg=f"{name} +{extra} pads")
 
 
+@pytest.mark.parametrize("task", ("sequence", "token"))
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_packed_rows_give_each_example_its_unpacked_outputs(model_type, task, saved):
+  """Fine-tuning's packing (finetune.packing): the padded batch's three examples laid
+  end to end in one row, plus a row holding the shortest alone, with segment ids; each
+  example's logits (a sequence head's at its first token) and its tokens' hidden states
+  equal the unpacked batch's (1e-5)."""
+  hf, path = saved(model_type, task)
+  model, params = tasks_hf.from_hf(path)
+  ids, mask, types = H.padded_batch(hf.config, seed=9)
+  lengths = mask.sum(1)
+  pad = model.config.pad_token_id
+  width = int(lengths.sum()) + 3
+  rows = [[0, 1, 2], [2]]
+  p_ids = np.full((2, width), pad)
+  p_types, p_seg = np.zeros((2, width), np.int64), np.zeros((2, width), np.int64)
+  starts = {}
+  for r, members in enumerate(rows):
+    col = 0
+    for s, i in enumerate(members):
+      n = int(lengths[i])
+      p_ids[r, col:col + n], p_types[r, col:col + n] = ids[i, :n], types[i, :n]
+      p_seg[r, col:col + n] = s + 1
+      starts[r, i] = col
+      col += n
+  ref = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))
+  got = model.apply({"params": params}, jnp.asarray(p_ids), jnp.asarray(p_seg > 0),
+                    jnp.asarray(p_types), segment_ids=jnp.asarray(p_seg))
+  checked = 0
+  for (r, i), col in starts.items():
+    n = int(lengths[i])
+    np.testing.assert_allclose(got.last_hidden_state[r, col:col + n],
+                               ref.last_hidden_state[i, :n], atol=1e-5, rtol=0)
+    want = ref.logits[i] if task == "sequence" else ref.logits[i, :n]
+    have = got.logits[r, col] if task == "sequence" else got.logits[r, col:col + n]
+    np.testing.assert_allclose(have, want, atol=1e-5, rtol=0, err_msg=f"row {r} ex {i}")
+    checked += 1
+  assert checked == 4 and np.abs(np.asarray(ref.logits)).max() > 1e-3
+  if task == "sequence":  # a different packing must not leak: examples differ
+    assert np.abs(np.asarray(ref.logits[0] - ref.logits[1])).max() > 1e-4
+
+
+def test_packed_rows_are_refused_for_qa(saved):
+  hf, path = saved("bert", "qa")
+  model, params = tasks_hf.from_hf(path)
+  ids = jnp.ones((1, 8), jnp.int32)
+  with pytest.raises(ValueError, match="segment_ids.*qa"):
+    model.apply({"params": params}, ids, segment_ids=ids)
+
+
 def test_sequence_regression_and_scanned_layers_round_trip(tmp_path):
   """num_labels=1 exports as regression; scan_layers imports, runs and exports the same."""
   hf = tiny_task_model("bert", "sequence", seed=11, num_labels=1, id2label={0: "score"},

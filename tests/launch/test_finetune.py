@@ -215,3 +215,139 @@ def test_bucketed_batch_gives_the_full_width_loss_and_gradients(tmp_path):
   for k in mf:
     np.testing.assert_allclose(mc[k], mf[k], rtol=1e-5, atol=1e-6)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), gc, gf)
+
+
+def _rows(lengths, seq, rng, token_labels=False):
+  n = len(lengths)
+  mask = (np.arange(seq)[None] < np.asarray(lengths)[:, None]).astype(np.int32)
+  arrays = {"input_ids": (rng.integers(5, 30, (n, seq)) * mask).astype(np.int32),  # vocab 35
+            "attention_mask": mask,
+            "token_type_ids": ((np.arange(seq)[None] >= 2) * mask).astype(np.int32),
+            "example_weight": np.ones(n, np.float32)}
+  if token_labels:
+    arrays["labels"] = np.where(mask > 0, rng.integers(0, 3, (n, seq)), -100).astype(np.int32)
+    arrays["labels"][:, 0] = -100
+  else:
+    arrays["labels"] = rng.integers(0, 2, n).astype(np.int32)
+  return arrays
+
+
+def test_row_buckets_are_multiples_of_the_unit_up_to_the_batch():
+  assert fd.row_buckets(32) == (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+  assert fd.row_buckets(32, 4) == (4, 8, 12, 16, 24, 32)
+  assert fd.row_buckets(30, 4) == (4, 8, 12, 16, 24, 32)  # 30 rows round up to 32
+  assert fd.row_buckets(3, 8) == (8,)
+
+
+@pytest.mark.parametrize("task", ["sequence", "token"])
+def test_pack_rows_keeps_every_example_once_apart_and_labelled(task):
+  rng = np.random.default_rng(0)
+  seq = 16
+  lengths = [16, 3, 9, 5, 7, 2, 12, 4]
+  arrays = _rows(lengths, seq, rng, token_labels=task == "token")
+  (b,) = fd.batches(arrays, 10, seed=3)  # 8 real examples + 2 filler rows (weight 0)
+  p = fd.pack_rows(b, task, rows=(2, 5, 10), pad_id=0)
+  # 58 tokens: first-fit decreasing fills 4 rows of 16 (16 | 12 4 | 9 7 | 5 3 2), padded
+  # to the row count 5 with an empty row
+  assert p["input_ids"].shape == (5, seq)
+  assert p["attention_mask"].sum() == sum(lengths)
+  assert (p["segment_ids"] > 0).sum() == sum(lengths) and (p["segment_ids"][4] == 0).all()
+  assert p["attention_mask"][:4].all(1).sum() == 3
+  found = []
+  for r in range(p["input_ids"].shape[0]):
+    seg = p["segment_ids"][r]
+    for s in range(1, seg.max() + 1):
+      cols = np.nonzero(seg == s)[0]
+      assert (np.diff(cols) == 1).all()  # contiguous
+      toks = p["input_ids"][r, cols]
+      match = [i for i in range(8) if lengths[i] == len(cols)
+               and (arrays["input_ids"][i, :len(cols)] == toks).all()]
+      assert len(match) == 1
+      i = match[0]
+      found.append(i)
+      np.testing.assert_array_equal(p["token_type_ids"][r, cols],
+                                    arrays["token_type_ids"][i, :len(cols)])
+      if task == "sequence":
+        assert p["labels"][r, cols[0]] == arrays["labels"][i]
+        assert p["label_weight"][r, cols].tolist() == [1.0] + [0.0] * (len(cols) - 1)
+      else:
+        np.testing.assert_array_equal(p["labels"][r, cols], arrays["labels"][i, :len(cols)])
+        np.testing.assert_array_equal(p["label_weight"][r, cols],
+                                      arrays["labels"][i, :len(cols)] != -100)
+  assert sorted(found) == list(range(8))  # each real example once, the fillers dropped
+  assert p["label_weight"][p["segment_ids"] == 0].sum() == 0
+
+
+def test_pack_rows_errors_name_the_problem():
+  rng = np.random.default_rng(0)
+  b = _rows([4, 6], 8, rng)
+  with pytest.raises(ValueError, match="sequence and token tasks, not 'qa'"):
+    fd.pack_rows(b, "qa", rows=(2,))
+  left = dict(b, attention_mask=b["attention_mask"][:, ::-1].copy())
+  with pytest.raises(ValueError, match="right-padded"):
+    fd.pack_rows(left, "sequence", rows=(2,))
+  with pytest.raises(ValueError, match="2 packed rows exceed the largest row count 1"):
+    fd.pack_rows(b, "sequence", rows=(1,))
+
+
+@pytest.mark.parametrize("task,regression", [("sequence", False), ("sequence", True),
+                                             ("token", False)])
+def test_packed_batch_gives_the_unpacked_loss_and_gradients(tmp_path, task, regression):
+  """The invariant packing rests on: the same examples packed several to a row give the
+  unpacked batch's loss sums, normalizer, metrics and gradients (eval mode, float32)."""
+  import jax
+  import objectives
+  from objectives import finetune as ft
+  c = _config(task, str(tmp_path))
+  c.finetune.labels = ("a", "b", "c")
+  c.finetune.regression = regression
+  c.data.seq_len = 24
+  objectives.prepare_config(c)
+  rng = np.random.default_rng(1)
+  arrays = _rows([24, 5, 11, 3, 8, 17, 2, 6, 9, 4], 24, rng, token_labels=task == "token")
+  if regression:
+    arrays["labels"] = rng.normal(size=10).astype(np.float32)
+  (full,) = fd.batches(arrays, 12)  # 10 examples + 2 fillers
+  (packed,) = fd.batches(arrays, 12, pack={"task": task, "rows": fd.row_buckets(12),
+                                           "pad_id": 0})
+  assert packed["input_ids"].shape[0] < 12
+  obj = ft.Finetune(c)
+  c.finetune.packing = True
+  obj_packed = ft.Finetune(c)
+  assert set(obj_packed.batch_spec().fields) == set(packed)
+  params = obj.init(jax.random.PRNGKey(0))
+
+  def loss(o):
+    def f(p, b):
+      terms, metrics = o.loss(p, b, None, False)
+      return terms["task"], (metrics, o.normalizers(b)["task"])
+    return jax.jit(jax.value_and_grad(f, has_aux=True))
+
+  (lf, (mf, nf)), gf = loss(obj)(params, full)
+  (lp, (mp, n_p)), gp = loss(obj_packed)(params, packed)
+  assert float(nf) == float(n_p) == (10 if task == "sequence" else (arrays["labels"] != -100).sum())
+  np.testing.assert_allclose(lp, lf, rtol=1e-5)
+  assert set(mp) == set(mf)
+  for k in mf:
+    np.testing.assert_allclose(mp[k], mf[k], rtol=1e-5, atol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), gp, gf)
+  assert max(float(np.abs(np.asarray(x)).max()) for x in jax.tree.leaves(gf)) > 1e-4
+
+
+def test_packed_finetuning_learns_and_counts_the_same_tokens(tmp_path):
+  train = fh.write_jsonl(tmp_path / "train.jsonl", fh.sentiment_rows(192, seed=1))
+  c = _config("sequence", str(tmp_path), train_file=str(train), epochs=8, packing=True)
+  r = finetune.run(c, str(tmp_path / "run"))
+  assert r["best"]["metrics"]["accuracy"] >= 0.9, r["history"]
+  assert r["history"][0]["accuracy"] < r["best"]["metrics"]["accuracy"]
+  tok = fd.load_tokenizer(c.init_from)
+  rows = fh.sentiment_rows(192, seed=1)
+  tr, _ = fd.holdout(len(rows), c.finetune.eval_fraction, c.finetune.split_seed)
+  real = sum(len(tok.encode(rows[i]["text"]).ids) for i in tr)
+  assert r["train_tokens"] == real * 8  # every example's tokens, every epoch
+
+
+def test_packing_is_refused_for_qa_before_reading_data(tmp_path):
+  c = _config("qa", str(tmp_path), train_file=str(tmp_path / "missing.json"), packing=True)
+  with pytest.raises(ValueError, match="packing.*not 'qa'"):
+    finetune.run(c, str(tmp_path / "run"))
