@@ -230,7 +230,7 @@ def run(config, workdir: str, devices=None):
     unit = shard_lib.batch_unit(setup.mesh, config.mesh.rules,
                                 int(config.optimizer.get("grad_accum_steps", 1)))
     pack = {"task": f.task, "rows": fd.row_buckets(gb, unit),
-            "pad_id": int(config.model.pad_token_id)}
+            "pad_id": int(config.model.pad_token_id), "seen": set()}
   for epoch in range(done, int(f.epochs)):
     t_epoch, pending = time.perf_counter(), []
     for i, b in enumerate(fd.batches(train, gb, seed=int(config.train.seed) * 1000 + epoch,

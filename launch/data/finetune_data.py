@@ -324,19 +324,19 @@ def trim_to_bucket(batch: Dict[str, np.ndarray], buckets: Sequence[int]) -> Dict
 
 def row_buckets(batch_size: int, unit: int = 1) -> Tuple[int, ...]:
   """The row counts packed batches are padded to: multiples of `unit` (what the batch
-  must split into: data-parallel shards x micro-batches) on the 1, 1.5, 2, 3, 4, 6, ...
-  ladder, up to `batch_size` rounded up to `unit` (one example per row: the most a
-  batch can need)."""
+  must split into: data-parallel shards x micro-batches), k * unit for k = 1, 2, ..., 8,
+  then 10, 12, 14, 16, 20, 24, 28, 32, 40, ... (at most a quarter more than needed), up
+  to `batch_size` rounded up to `unit` (one example per row: the most a batch can need)."""
   top = -(-batch_size // unit) * unit
-  counts, r = set(), 1
-  while r * unit < top:
-    counts.update({r * unit, (r + r // 2) * unit})
-    r *= 2
-  return tuple(sorted(c for c in counts if c < top)) + (top,)
+  counts, k = [], 1
+  while k * unit < top:
+    counts.append(k * unit)
+    k += max(1, 2 ** (k.bit_length() - 1) // 4)
+  return tuple(counts) + (top,)
 
 
 def pack_rows(batch: Dict[str, np.ndarray], task: str, rows: Sequence[int],
-              pad_id: int = 0) -> Dict[str, np.ndarray]:
+              pad_id: int = 0, seen: Optional[set] = None) -> Dict[str, np.ndarray]:
   """One batch of examples (rows padded on the right, `example_weight` 0 on filler rows)
   -> the same examples packed several to a row of the batch's width, first-fit by
   decreasing length (`finetune.packing`).
@@ -347,7 +347,10 @@ def pack_rows(batch: Dict[str, np.ndarray], task: str, rows: Sequence[int],
   with IGNORE where nothing is scored (a sequence example's label sits on its first
   token) and `label_weight` (rows, width) 1 where a label is scored. Filler examples
   (weight 0) are dropped; the row count is padded up to the first of `rows` (ascending)
-  that holds them, with empty rows (segment 0, weight 0)."""
+  that holds them, with empty rows (segment 0, weight 0). `seen` (a set the caller keeps
+  across batches: the row counts already used, i.e. compiled): a batch with filler rows
+  (an epoch's last, short batch) takes the smallest count already compiled that holds it
+  instead, as one padded step costs less than a compile."""
   if task not in ("sequence", "token"):
     raise ValueError(f"packing supports the sequence and token tasks, not {task!r}")
   mask = np.asarray(batch["attention_mask"])
@@ -367,9 +370,14 @@ def pack_rows(batch: Dict[str, np.ndarray], task: str, rows: Sequence[int],
       fill.append(0)
     placed.append((i, r, fill[r]))
     fill[r] += int(lengths[i])
-  n_rows = next((r for r in rows if r >= len(fill)), None)
-  if n_rows is None:
+  fits = [r for r in rows if r >= len(fill)]
+  if not fits:
     raise ValueError(f"{len(fill)} packed rows exceed the largest row count {rows[-1]}")
+  n_rows = fits[0]
+  if seen is not None:
+    if len(keep) < len(lengths):  # a short batch: reuse a compiled count if one fits
+      n_rows = min((r for r in seen if r >= len(fill)), default=n_rows)
+    seen.add(n_rows)
   regression = task == "sequence" and np.issubdtype(batch["labels"].dtype, np.floating)
   out = {"input_ids": np.full((n_rows, width), pad_id, np.int32),
          "attention_mask": np.zeros((n_rows, width), np.int32),
@@ -401,9 +409,9 @@ def batches(arrays: Dict[str, np.ndarray], batch_size: int, seed: Optional[int] 
   with copies of row 0 at example_weight 0, so every batch has `batch_size` rows. With
   `buckets` (length_buckets), each batch's sequence arrays are cut to the smallest
   width that holds its longest row: a few shapes (one compiled step each) instead of
-  computing every row at full seq_len. With `pack` (pack_rows' task, rows, pad_id), each
-  batch's `batch_size` examples are packed into rows of the arrays' width before the
-  cut."""
+  computing every row at full seq_len. With `pack` (pack_rows' task, rows, pad_id,
+  seen), each batch's `batch_size` examples are packed into rows of the arrays' width
+  instead (no cut: the rows are full, their count adapts)."""
   n = len(arrays["example_weight"])
   order = np.arange(n) if seed is None else np.random.default_rng(seed).permutation(n)
   for lo in range(0, n, batch_size):
@@ -414,6 +422,7 @@ def batches(arrays: Dict[str, np.ndarray], batch_size: int, seed: Optional[int] 
     if fill:
       b["example_weight"] = b["example_weight"].copy()
       b["example_weight"][len(idx):] = 0.0
-    if pack is not None:
-      b = pack_rows(b, **pack)
-    yield trim_to_bucket(b, buckets) if buckets else b
+    if pack is not None:  # rows filled to the width: the row count adapts instead
+      yield pack_rows(b, **pack)
+    else:
+      yield trim_to_bucket(b, buckets) if buckets else b

@@ -233,10 +233,27 @@ def _rows(lengths, seq, rng, token_labels=False):
 
 
 def test_row_buckets_are_multiples_of_the_unit_up_to_the_batch():
-  assert fd.row_buckets(32) == (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-  assert fd.row_buckets(32, 4) == (4, 8, 12, 16, 24, 32)
-  assert fd.row_buckets(30, 4) == (4, 8, 12, 16, 24, 32)  # 30 rows round up to 32
+  assert fd.row_buckets(32) == (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32)
+  assert fd.row_buckets(64, 4) == (4, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
+  assert fd.row_buckets(30, 4) == (4, 8, 12, 16, 20, 24, 28, 32)  # 30 rounds up to 32
   assert fd.row_buckets(3, 8) == (8,)
+  for batch, unit in ((32, 1), (256, 8), (100, 4)):
+    b = fd.row_buckets(batch, unit)
+    assert all(r % unit == 0 for r in b) and b[-1] >= batch
+    assert all(hi <= max(lo + unit, 1.25 * lo) for lo, hi in zip(b, b[1:]))  # <= 25% more
+
+
+def test_a_short_last_batch_reuses_a_compiled_row_count():
+  rng = np.random.default_rng(0)
+  full = _rows([8] * 6, 8, rng)  # 6 examples filling 6 rows of 8
+  seen = {8, 12}
+  assert fd.pack_rows(full, "sequence", rows=(5, 6, 7, 8), seen=seen)["input_ids"].shape[0] == 6
+  assert seen == {6, 8, 12}  # a full batch: its own count, compiled from now on
+  short = dict(full, example_weight=np.array([1, 1, 1, 0, 0, 0], np.float32))
+  seen = {2, 5, 8}
+  p = fd.pack_rows(short, "sequence", rows=(1, 2, 3, 4, 5, 6), seen=seen)
+  assert p["input_ids"].shape[0] == 5 and seen == {2, 5, 8}  # 3 rows needed, 5 compiled
+  assert p["label_weight"].sum() == 3 and p["attention_mask"][3:].sum() == 0
 
 
 @pytest.mark.parametrize("task", ["sequence", "token"])
