@@ -63,7 +63,8 @@ def run_ours(path, task, args, seed, workdir):
   f = c.finetune
   f.train_file, f.epochs, f.eval_fraction, f.split_seed = path, args.epochs, 0.2, 0
   f.max_train_rows = args.max_train
-  f.length_buckets = "auto" if args.padding == "bucket" else "off"
+  f.length_buckets = "off" if args.padding == "fixed" else "auto"
+  f.packing = args.padding == "pack"
   if task == "sequence":
     f.text_column, f.label_column = "text", "label"
   c.train.seed = seed
@@ -162,10 +163,10 @@ def run_trainer(path, task, args, seed, workdir):
       save_strategy="no", logging_strategy="no", report_to=[], use_cpu=True,
       dataloader_drop_last=False, disable_tqdm=True)
   def collate(items):
-    """Stacks rows; with --padding bucket, cuts the columns no row attends to (each
+    """Stacks rows; unless --padding fixed, cuts the columns no row attends to (each
     batch padded to its longest row, as transformers' DataCollatorWithPadding does)."""
     b = {k: torch.stack([it[k] for it in items]) for k in items[0]}
-    if args.padding == "bucket":  # every width a bucket: cut at the longest row
+    if args.padding != "fixed":  # every width a bucket: cut at the longest row
       cut = fd.trim_to_bucket({k: v.numpy() for k, v in b.items()},
                               range(1, args.seq_len + 1))
       b = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in cut.items()}
@@ -192,10 +193,12 @@ def main():
   p.add_argument("--max_train", type=int, default=-1,
                  help="keep only the first N training rows (the held-out rows unchanged); "
                       "with --epochs 1 a short throughput check of both frameworks")
-  p.add_argument("--padding", default="bucket", choices=("bucket", "fixed"),
+  p.add_argument("--padding", default="bucket", choices=("bucket", "fixed", "pack"),
                  help="bucket: ours cuts each batch to a length bucket (16, 32, 64, ..., "
                       "finetune.length_buckets=auto), the Trainer pads each batch to its "
-                      "longest row; fixed: both compute every row at seq_len")
+                      "longest row; pack: ours also packs each batch's examples several "
+                      "to a row (finetune.packing; same examples per step), the Trainer "
+                      "as for bucket; fixed: both compute every row at seq_len")
   p.add_argument("--model", default="", help="HF dir (default: all-MiniLM-L6-v2)")
   p.add_argument("--random_init", action="store_true",
                  help="ours only: the model's architecture and tokenizer, fresh weights "
