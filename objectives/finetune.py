@@ -101,28 +101,24 @@ def _synth(task, num_labels, regression, vocab_size):
   return synth
 
 
+def label_weights(batch, task: str):
+  """The weight of each scored label: packed rows' `label_weight` (B,T); else
+  `example_weight` (B,), per token (B,T) for the token task (0 where labels are IGNORE)."""
+  if "label_weight" in batch:  # packed rows: a label per scored token (module docstring)
+    return batch["label_weight"].astype(jnp.float32)
+  w = batch["example_weight"].astype(jnp.float32)
+  return w[:, None] * (batch["labels"] != IGNORE) if task == "token" else w
+
+
 def task_loss(out, batch, task: str, regression: bool):
   """(term sums, metric sums) of a TaskOutput against a batch."""
-  if "label_weight" in batch:  # packed rows: a label per scored token (module docstring)
-    w = batch["label_weight"].astype(jnp.float32)
-    if regression:
-      err = out.logits[..., 0] - batch["labels"].astype(jnp.float32)
-      loss_sum = jnp.sum(w * err * err)
-      return ({"task": loss_sum}, {"task_loss_sum": loss_sum, "task_weight_sum": jnp.sum(w)})
-    _, m = losses.weighted_cross_entropy(out.logits, batch["labels"], w, prefix="task")
-    return {"task": m["task_loss_sum"]}, m
-  w = batch["example_weight"].astype(jnp.float32)
+  w = label_weights(batch, task)
   if task == "sequence" and regression:
-    err = out.logits[:, 0] - batch["labels"].astype(jnp.float32)
+    err = out.logits[..., 0] - batch["labels"].astype(jnp.float32)
     loss_sum = jnp.sum(w * err * err)
     return ({"task": loss_sum}, {"task_loss_sum": loss_sum, "task_weight_sum": jnp.sum(w)})
-  if task == "sequence":
+  if task in ("sequence", "token"):
     _, m = losses.weighted_cross_entropy(out.logits, batch["labels"], w, prefix="task")
-    return {"task": m["task_loss_sum"]}, m
-  if task == "token":
-    labels = batch["labels"]
-    weights = w[:, None] * (labels != IGNORE)
-    _, m = losses.weighted_cross_entropy(out.logits, labels, weights, prefix="task")
     return {"task": m["task_loss_sum"]}, m
   _, ms = losses.weighted_cross_entropy(out.start_logits, batch["start_positions"], w,
                                         prefix="s")
@@ -169,12 +165,7 @@ class Finetune(Objective):
     return super().after_init(params, shardings)
 
   def normalizers(self, batch):
-    if "label_weight" in batch:
-      return {"task": jnp.sum(batch["label_weight"].astype(jnp.float32))}
-    w = batch["example_weight"].astype(jnp.float32)
-    if self.task == "token":
-      return {"task": jnp.sum(w[:, None] * (batch["labels"] != IGNORE))}
-    return {"task": jnp.sum(w)}
+    return {"task": jnp.sum(label_weights(batch, self.task))}
 
   def apply(self, params, batch, rng=None, train=False):
     rngs = {"dropout": rng} if (train and rng is not None) else None

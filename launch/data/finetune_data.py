@@ -356,8 +356,7 @@ def pack_rows(batch: Dict[str, np.ndarray], task: str, rows: Sequence[int],
   mask = np.asarray(batch["attention_mask"])
   width = mask.shape[1]
   lengths = mask.sum(1).astype(np.int64)
-  if (mask.cumsum(1) != np.minimum(np.arange(1, mask.shape[1] + 1)[None],
-                                         lengths[:, None])).any():
+  if (mask.cumsum(1) != np.minimum(np.arange(1, width + 1)[None], lengths[:, None])).any():
     raise ValueError("packing needs right-padded rows (attention_mask 1...1 0...0)")
   keep = [i for i in np.argsort(-lengths, kind="stable") if batch["example_weight"][i] > 0]
   if lengths[keep].max(initial=0) > width:
