@@ -36,16 +36,18 @@ def _lookup(table, device_kind: str):
   return None
 
 
-def measure_cpu_matmul_flops(sizes=(1024, 2048), dtype="float32", repeats: int = 5) -> float:
+def measure_cpu_matmul_flops(sizes=(1024, 2048), dtype="float32", repeats: int = 5,
+                             cached: bool = True) -> float:
   """Measured dense-matmul FLOP/s of this CPU: the best over square matmuls of `sizes`
-  (jitted, all cores, `repeats` timings each) — the CPU's "peak". Cached per process."""
+  (jitted, all cores, `repeats` timings each) — the CPU's "peak". Cached per process
+  unless `cached=False` (a benchmark measures it again at each end of its run)."""
   import time
   import jax
   import jax.numpy as jnp
   if isinstance(sizes, int):
     sizes = (sizes,)
   key = (tuple(sizes), str(dtype))
-  if key not in _CPU_PEAK:
+  if key not in _CPU_PEAK or not cached:
     best_rate = 0.0
     f = jax.jit(lambda x, y: x @ y)
     for n in sizes:

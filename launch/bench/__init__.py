@@ -28,8 +28,12 @@ How it measures:
   alike; the ratio is the median over iterations of theirs_i / ours_i (and best vs best).
 - FLOPs: the objective's count (`flops_per_example`, from the family's count); MFU =
   achieved FLOP/s / peak, where peak is the chip's published bf16 peak on TPU/GPU
-  (launch/devices.py), and on the CPU the measured FLOP/s of a large dense matmul in the
-  compute dtype (measured by this run).
+  (launch/devices.py), and on the CPU the best FLOP/s of a 2048^3 dense matmul in the
+  compute dtype, measured by this run just before and just after its timed iterations
+  (JAX's, and with `--compare-hf` torch's too; not the trainer's cached figure, since this
+  machine's rate moves from day to day). The report prints each rate, warns when they
+  moved more than 10% during the run, and gives transformers' share of the peak, so that
+  a ratio from a run where the reference ran below its usual efficiency can be seen.
 - Peak memory: XLA's buffer assignment of the compiled step (arguments + outputs -
   donated aliases + temporaries, per device); the device's measured peak where it reports
   one (TPU/GPU), else the process's peak RSS after our warmup (CPU).

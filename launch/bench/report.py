@@ -2,6 +2,7 @@
 from typing import Any, Dict
 
 from launch import runinfo
+from launch.bench.runs import PEAK_DRIFT as DRIFT_WARNING
 
 
 def _fmt_bytes(n):
@@ -14,6 +15,27 @@ def _fmt_rate(x):
 
 def _fmt_mfu(x):
   return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _peak_lines(r: Dict[str, Any]):
+  """The peak MFU is taken against; on the CPU, the rates measured at each end of the
+  timed iterations, and the reference's share of that peak (launch/bench/runs.py)."""
+  out = [f"peak per device: {_fmt_rate(r['peak_flops_per_device'])} "
+         f"({r.get('peak_source', 'published')})"]
+  pm = r.get("peak_measured")
+  if not pm:
+    return out
+  for lib in pm["before"]:
+    out.append(f"  {lib} dense matmul: {_fmt_rate(pm['before'][lib])} before the timed "
+               f"iterations, {_fmt_rate(pm['after'][lib])} after")
+  if r["peak_drift"] > DRIFT_WARNING:
+    out.append(f"  WARNING: the machine's matmul rate moved {100 * r['peak_drift']:.0f}% "
+               "during the run; its speed was not steady, so this run's ratio is not a "
+               "result")
+  t = r.get("theirs")
+  if t and t.get("mfu"):
+    out.append(f"  transformers ran at {100 * t['mfu']:.1f}% of this peak (median step)")
+  return out
 
 
 def format_report(r: Dict[str, Any]) -> str:
@@ -30,8 +52,7 @@ def format_report(r: Dict[str, Any]) -> str:
   if r["mode"] == "loop":
     from launch.bench import loop  # pylint: disable=g-import-not-at-top
     return "\n".join(lines + loop.format_loop(r))
-  lines.append(f"peak per device: {_fmt_rate(r['peak_flops_per_device'])}"
-               + (" (measured dense matmul)" if m.get("platform") == "cpu" else ""))
+  lines += _peak_lines(r)
   if "ours" in r:
     o, t = r["ours"], r.get("theirs")
     lines.append(f"compile: {r['compile_s']:.1f} s")

@@ -33,9 +33,74 @@ def _config_copy(config, batch: int, seq: int):
   return c
 
 
+# On the CPU a run's peak is measured in the run itself, just before and just after the
+# timed iterations, by a square matmul of this size in the compute dtype: JAX's, and with
+# --compare-hf torch's too. The peak is the best rate either library reached. This VM's
+# matmul rate moves from day to day (213 to 383 GFLOP/s in float32 over 2026-12-02..05),
+# so a cached figure from another day makes both sides' MFU wrong, and only a peak taken
+# in the same run shows whether the reference ran at its usual efficiency.
+PEAK_MATMUL_N = 2048
+PEAK_REPEATS = 5
+PEAK_DRIFT = 0.10  # the rate moving more than this between the two ends is reported
+
+
+def _torch_matmul_flops(n: int, dtype: str, repeats: int) -> float:
+  import time
+  import torch
+  dt = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+        "float16": torch.float16}[str(dtype)]
+  a, b = torch.ones(n, n, dtype=dt), torch.full((n, n), 0.5, dtype=dt)
+  best = 0.0
+  with torch.inference_mode():
+    torch.matmul(a, b)
+    for _ in range(repeats):
+      t = time.perf_counter()
+      torch.matmul(a, b)
+      best = max(best, 2 * n ** 3 / (time.perf_counter() - t))
+  return best
+
+
+def measure_peak(dtype: str, with_torch: bool) -> Dict[str, float]:
+  """This moment's dense-matmul FLOP/s of the CPU: {"jax": ..., "torch": ...}."""
+  rates = {"jax": devices_lib.measure_cpu_matmul_flops(PEAK_MATMUL_N, dtype, PEAK_REPEATS,
+                                                        cached=False)}
+  if with_torch:
+    rates["torch"] = _torch_matmul_flops(PEAK_MATMUL_N, dtype, PEAK_REPEATS)
+  return rates
+
+
 def peak(config) -> float:
+  """The published peak of a TPU/GPU chip; 0.0 on the CPU, whose peak a run measures."""
   import jax
-  return devices_lib.peak_flops(jax.devices()[0], config.model.dtype)
+  dev = jax.devices()[0]
+  return 0.0 if dev.platform == "cpu" else devices_lib.peak_flops(dev, config.model.dtype)
+
+
+def run_peak(published: float, before, after) -> Dict[str, Any]:
+  """The peak a run's MFU is taken against, and how it was obtained. `before`/`after`: the
+  CPU's rates at each end of the timed iterations (None off the CPU)."""
+  if before is None:
+    return {"peak_flops_per_device": published, "peak_source": "published"}
+  best_before, best_after = max(before.values()), max(after.values())
+  drift = abs(best_after - best_before) / max(best_before, best_after)
+  return {"peak_flops_per_device": max(best_before, best_after),
+          "peak_source": f"measured in this run ({PEAK_MATMUL_N}^3 matmul)",
+          "peak_measured": {"before": before, "after": after}, "peak_drift": drift}
+
+
+def _peak_devices() -> int:
+  """How many devices' peaks the run has: on the CPU one, since virtual CPU devices
+  (--xla_force_host_platform_device_count) share the cores that the measured matmul
+  already used in full."""
+  import jax
+  return 1 if jax.devices()[0].platform == "cpu" else jax.device_count()
+
+
+def _cpu_rates(config, with_torch: bool):
+  import jax
+  if jax.devices()[0].platform != "cpu":
+    return None
+  return measure_peak(config.model.dtype, with_torch)
 
 
 def _check_platform(config):
@@ -50,14 +115,11 @@ def bench_step(config, mode: str = "train", batch: int = 8, seq: int = 0, iters:
                warmup: int = 2, compare_hf: bool = False, seed: int = 0,
                log=print) -> Dict[str, Any]:
   """Times our step (and transformers' with `compare_hf`) on full-length rows."""
-  import jax
   seq = seq or config.data.seq_len
   config = _config_copy(config, batch, seq)
   _check_platform(config)
   result = {"mode": mode, "batch": batch, "seq": seq, "iters": iters, "warmup": warmup,
             "dtype": config.model.dtype}
-  pk = peak(config)
-  result["peak_flops_per_device"] = pk
   ours = Ours(config, mode)
   result["config"] = runinfo.config_summary(config, ours.objective)
   host = synthetic.full_batch(ours.objective, batch, seq, seed)
@@ -82,12 +144,15 @@ def bench_step(config, mode: str = "train", batch: int = 8, seq: int = 0, iters:
     for _ in range(warmup):
       theirs.step(x)
       ours.step(b)
+  before = _cpu_rates(config, theirs is not None)
   t_ours, t_theirs = [], []
   for _ in range(iters):
     t_ours.append(ours.step(b))
     if theirs is not None:
       t_theirs.append(theirs.step(x))
-  n = jax.device_count()
+  result.update(run_peak(peak(config), before, _cpu_rates(config, theirs is not None)))
+  pk = result["peak_flops_per_device"]
+  n = _peak_devices()
   result["ours"] = _stats(t_ours, batch * seq, ours.step_flops(batch, seq), pk, n)
   result["ours"]["memory"] = memory
   if theirs is not None:
@@ -105,21 +170,20 @@ def bench_packed(config, spec: str, mode: str = "train", batch: int = 8, seq: in
                  iters: int = 10, pad_multiple: int = 16, passes: int = 2, seed: int = 0,
                  log=print) -> Dict[str, Any]:
   """Real-token throughput of the same documents packed vs padded to the batch maximum."""
-  import jax
   seq = seq or config.data.seq_len
   config = _config_copy(config, batch, seq)
   _check_platform(config)
   lengths = synthetic.doc_lengths(spec, batch * iters, seq, seed)
   layouts = {"packed": synthetic.packed_layouts(lengths, batch, seq),
              "padded": synthetic.padded_layouts(lengths, batch, seq, pad_multiple)}
-  pk = peak(config)
   result = {"mode": mode, "batch": batch, "seq": seq, "docs": int(len(lengths)),
             "doc_lengths": spec, "pad_multiple": pad_multiple, "passes": passes,
             "mean_doc_len": float(lengths.mean()), "real_tokens": int(lengths.sum()),
-            "dtype": config.model.dtype, "peak_flops_per_device": pk}
+            "dtype": config.model.dtype}
   ours = Ours(config, mode)
   result["config"] = runinfo.config_summary(config, ours.objective)
-  n = jax.device_count()
+  n = _peak_devices()
+  before = _cpu_rates(config, False)
   for name, group in layouts.items():
     host_batches = synthetic.batches(ours.objective, group, seed)
     dev = [ours.device_batch(h) for h in host_batches]
@@ -134,12 +198,15 @@ def bench_packed(config, spec: str, mode: str = "train", batch: int = 8, seq: in
     assert real == result["real_tokens"]  # both variants hold exactly these documents
     flops = sum(ours.step_flops(len(layout), width) for layout, width in group)
     result[name] = {
-        "batches": len(group), "shapes": sorted({(len(l), w) for l, w in group}),
+        "batches": len(group), "shapes": sorted({(len(rows), w) for rows, w in group}),
         "token_slots": slots, "fill": real / slots,
         "time_s": best, "pass_times_s": [round(t, 4) for t in totals],
         "real_tokens_per_s": real / best,
-        "slot_tokens_per_s": slots / best, "flops_per_s": flops / best,
-        "mfu": flops / best / (pk * n) if pk else None}
+        "slot_tokens_per_s": slots / best, "flops_per_s": flops / best}
+  result.update(run_peak(peak(config), before, _cpu_rates(config, False)))
+  pk = result["peak_flops_per_device"]
+  for name in layouts:
+    result[name]["mfu"] = result[name]["flops_per_s"] / (pk * n) if pk else None
   result["ratio_real_tokens_per_s"] = (result["packed"]["real_tokens_per_s"]
                                        / result["padded"]["real_tokens_per_s"])
   return result

@@ -16,6 +16,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SMALL = dict(num_hidden_layers=1, vocab_size=512)
 
 
+@pytest.fixture(autouse=True)
+def _small_peak_matmul(monkeypatch):
+  """The in-run peak measurement at a test's size (its plumbing is what is tested)."""
+  from launch.bench import runs
+  monkeypatch.setattr(runs, "PEAK_MATMUL_N", 256)
+  monkeypatch.setattr(runs, "PEAK_REPEATS", 2)
+
+
 def _config(module=bert_configs, arg="tiny", **model):
   c = module.get_config(arg).unlock()
   for k, v in {**SMALL, **model}.items():
@@ -79,8 +87,36 @@ def test_forward_against_transformers():
   assert r["ours"]["flops_per_step"] == r["theirs"]["flops_per_step"]
   assert r["ours"]["memory"]["xla_buffers_bytes"] > 0
   assert 0 < r["ours"]["mfu"]
+  # The peak is measured in this run, at both ends of the timed iterations, by both
+  # libraries, and both sides' MFU is taken against the best of those rates.
+  pm = r["peak_measured"]
+  assert set(pm["before"]) == set(pm["after"]) == {"jax", "torch"}
+  rates = list(pm["before"].values()) + list(pm["after"].values())
+  assert min(rates) > 0 and r["peak_flops_per_device"] == max(rates)
+  for side in ("ours", "theirs"):
+    s = r[side]
+    assert s["mfu"] == pytest.approx(s["flops_per_s"] / r["peak_flops_per_device"])
   text = bench.format_report(r)
   assert "ratio ours/theirs" in text and "MFU" in text
+  assert "measured in this run" in text and "torch dense matmul" in text
+  assert f"transformers ran at {100 * r['theirs']['mfu']:.1f}% of this peak" in text
+
+
+def test_peak_of_a_run_and_its_drift():
+  from launch.bench import report, runs
+  steady = runs.run_peak(0.0, {"jax": 100e9, "torch": 120e9}, {"jax": 104e9, "torch": 125e9})
+  assert steady["peak_flops_per_device"] == 125e9
+  assert steady["peak_drift"] == pytest.approx(5 / 125)
+  moved = runs.run_peak(0.0, {"jax": 100e9, "torch": 200e9}, {"jax": 90e9, "torch": 150e9})
+  assert moved["peak_flops_per_device"] == 200e9 and moved["peak_drift"] == 0.25
+  r = {"theirs": {"mfu": 0.5}}
+  assert not any("WARNING" in x for x in report._peak_lines({**r, **steady}))
+  lines = report._peak_lines({**r, **moved})
+  assert any("moved 25% during the run" in x for x in lines)
+  assert "transformers ran at 50.0% of this peak (median step)" in lines[-1]
+  tpu = runs.run_peak(459e12, None, None)
+  assert tpu == {"peak_flops_per_device": 459e12, "peak_source": "published"}
+  assert report._peak_lines(tpu) == ["peak per device: 459.0 TFLOP/s (published)"]
 
 
 @pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
@@ -101,6 +137,10 @@ def test_packed_vs_padded():
   assert r["packed"]["fill"] > r["padded"]["fill"]
   assert r["packed"]["batches"] <= r["padded"]["batches"]
   assert r["ratio_real_tokens_per_s"] > 0
+  assert set(r["peak_measured"]["before"]) == {"jax"}  # no torch side here
+  for name in ("packed", "padded"):
+    assert r[name]["mfu"] == pytest.approx(r[name]["flops_per_s"]
+                                           / r["peak_flops_per_device"])
   assert "packed/padded" in bench.format_report(r)
 
 
