@@ -63,7 +63,8 @@ def measure_cpu_matmul_flops(sizes=(1024, 2048), dtype="float32", repeats: int =
 
 
 CPU_PEAK_ENV = "ENCODER_ZOO_CPU_PEAK_FLOPS"  # a fixed CPU peak (FLOP/s) instead
-IDLE_LOAD_PER_CORE = 0.25  # a measurement under less load per core than this is final
+IDLE_LOAD_PER_CORE = 0.25  # a measurement under less load per core than this is final...
+CPU_PEAK_MAX_AGE_S = 24 * 3600  # ...for a day: a cloud VM's matmul rate moves between days
 
 
 def cpu_peak_cache_path() -> str:
@@ -88,7 +89,11 @@ def cpu_peak_flops(dtype="float32", path=None, measure=None) -> float:
   matmul rate measured once on this machine (CPU model, core count, dtype) and cached in
   `~/.cache/encoder_zoo/cpu_peak.json`. A measurement taken while the machine was busy
   (load average above IDLE_LOAD_PER_CORE per core) is used but measured again at the
-  next start, keeping the best; one taken on an idle machine is final."""
+  next start, keeping the best; one taken on an idle machine holds for CPU_PEAK_MAX_AGE_S.
+  An older entry is measured again and replaced: the same VM type gave 185 to 383
+  GFLOP/s in float32 on different days, and a stale peak makes every MFU wrong. (The
+  benchmarks measure the peak in their own run instead: launch/bench/runs.py.)"""
+  import time
   if os.environ.get(CPU_PEAK_ENV):
     return float(os.environ[CPU_PEAK_ENV])
   path = path or cpu_peak_cache_path()
@@ -99,7 +104,10 @@ def cpu_peak_flops(dtype="float32", path=None, measure=None) -> float:
       table = json.load(f)
   except (OSError, ValueError):
     table = {}
+  now = time.time()
   entry = table.get(key)
+  if entry and now - float(entry.get("measured_at", 0)) > CPU_PEAK_MAX_AGE_S:
+    entry = None  # from another day: this machine may not run at that rate now
   if entry and entry.get("idle"):
     return float(entry["flops"])
   load = os.getloadavg()[0] / max(1, os.cpu_count() or 1)
@@ -107,7 +115,7 @@ def cpu_peak_flops(dtype="float32", path=None, measure=None) -> float:
   if entry:
     flops = max(flops, float(entry["flops"]))
   table[key] = {"flops": flops, "idle": bool(load < IDLE_LOAD_PER_CORE),
-                "load_per_core": round(load, 3)}
+                "load_per_core": round(load, 3), "measured_at": now}
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"

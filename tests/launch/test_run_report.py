@@ -126,6 +126,15 @@ def test_cpu_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
   assert calls == [1e9, 0.5e9, 4e9]
   monkeypatch.setenv(devices_lib.CPU_PEAK_ENV, "123e9")
   assert devices_lib.cpu_peak_flops(path=path, measure=measure(9e9)) == 123e9
+  monkeypatch.delenv(devices_lib.CPU_PEAK_ENV)
+  # A day later the idle entry is stale: measured again, and the new rate replaces it
+  # even when it is lower (the machine is slower now; the best of days is no peak).
+  import time
+  later = time.time() + devices_lib.CPU_PEAK_MAX_AGE_S + 60
+  monkeypatch.setattr(time, "time", lambda: later)
+  assert devices_lib.cpu_peak_flops(path=path, measure=measure(2e9)) == 2e9
+  assert devices_lib.cpu_peak_flops(path=path, measure=measure(9e9)) == 2e9  # final again
+  assert calls == [1e9, 0.5e9, 4e9, 2e9]
 
 
 def test_eta_uses_a_moving_window():
