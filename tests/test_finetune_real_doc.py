@@ -23,6 +23,20 @@ def test_result_leaves_the_first_epoch_out_of_the_steady_tokens_per_s():
   assert real._result([0.5], 1000, [4.0])["steady_tokens_per_s"] is None
 
 
+def test_frameworks_are_checked_before_anything_runs(monkeypatch):
+  assert real.check_frameworks("ours") == ["ours"]
+  with pytest.raises(SystemExit, match=r"unknown \['trainr'\]; choose from ours, trainer"):
+    real.check_frameworks("ours,trainr")
+  with pytest.raises(SystemExit, match="empty list"):
+    real.check_frameworks(",")
+  found = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda n, *a: None if n == "accelerate" else found(n, *a))
+  with pytest.raises(SystemExit, match="pip install accelerate"):
+    real.check_frameworks("ours,trainer")
+  assert real.check_frameworks("ours") == ["ours"]
+
+
 def _need(name):
   if not os.path.isfile(os.path.join(real.DATA, real.WHEELS[name])):
     pytest.skip(f"{real.WHEELS[name]} not fetched (see docs/finetune_real.py)")
