@@ -84,7 +84,7 @@ def run_peak(published: float, before, after) -> Dict[str, Any]:
   best_before, best_after = max(before.values()), max(after.values())
   drift = abs(best_after - best_before) / max(best_before, best_after)
   return {"peak_flops_per_device": max(best_before, best_after),
-          "peak_source": f"measured in this run ({PEAK_MATMUL_N}^3 matmul)",
+          "peak_source": f"measured in this run, {PEAK_MATMUL_N}^3 matmul",
           "peak_measured": {"before": before, "after": after}, "peak_drift": drift}
 
 
