@@ -41,25 +41,41 @@ def measure_cpu_matmul_flops(sizes=(1024, 2048), dtype="float32", repeats: int =
   """Measured dense-matmul FLOP/s of this CPU: the best over square matmuls of `sizes`
   (jitted, all cores, `repeats` timings each) — the CPU's "peak". Cached per process
   unless `cached=False` (a benchmark measures it again at each end of its run)."""
-  import time
   import jax
   import jax.numpy as jnp
   if isinstance(sizes, int):
     sizes = (sizes,)
   key = (tuple(sizes), str(dtype))
   if key not in _CPU_PEAK or not cached:
-    best_rate = 0.0
     f = jax.jit(lambda x, y: x @ y)
+    rates = []
     for n in sizes:
       a = jnp.ones((n, n), dtype)
       b = jnp.full((n, n), 0.5, dtype)
-      f(a, b).block_until_ready()
-      for _ in range(repeats):
-        t = time.perf_counter()
-        f(a, b).block_until_ready()
-        best_rate = max(best_rate, 2 * n ** 3 / (time.perf_counter() - t))
-    _CPU_PEAK[key] = best_rate
+      rates.append(best_rate(lambda: f(a, b).block_until_ready(), 2 * n ** 3, repeats))
+    _CPU_PEAK[key] = max(rates)
   return _CPU_PEAK[key]
+
+
+def best_rate(run, flops: float, repeats: int) -> float:
+  """FLOP/s of the fastest of `repeats` timed calls of `run` (which does `flops` and
+  returns when done), after one untimed call. Shared by JAX's and torch's peak probes."""
+  import time
+  run()
+  best = 0.0
+  for _ in range(repeats):
+    t = time.perf_counter()
+    run()
+    best = max(best, flops / (time.perf_counter() - t))
+  return best
+
+
+def peak_devices(devices) -> int:
+  """How many devices' peaks a step has: one on the CPU, whose "devices" (real or
+  --xla_force_host_platform_device_count) share the cores its measured matmul already
+  used in full; else each device."""
+  devices = list(devices)
+  return 1 if devices[0].platform == "cpu" else len(devices)
 
 
 CPU_PEAK_ENV = "ENCODER_ZOO_CPU_PEAK_FLOPS"  # a fixed CPU peak (FLOP/s) instead

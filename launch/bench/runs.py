@@ -45,19 +45,12 @@ PEAK_DRIFT = 0.10  # the rate moving more than this between the two ends is repo
 
 
 def _torch_matmul_flops(n: int, dtype: str, repeats: int) -> float:
-  import time
   import torch
   dt = {"float32": torch.float32, "bfloat16": torch.bfloat16,
         "float16": torch.float16}[str(dtype)]
   a, b = torch.ones(n, n, dtype=dt), torch.full((n, n), 0.5, dtype=dt)
-  best = 0.0
   with torch.inference_mode():
-    torch.matmul(a, b)
-    for _ in range(repeats):
-      t = time.perf_counter()
-      torch.matmul(a, b)
-      best = max(best, 2 * n ** 3 / (time.perf_counter() - t))
-  return best
+    return devices_lib.best_rate(lambda: torch.matmul(a, b), 2 * n ** 3, repeats)
 
 
 def measure_peak(dtype: str, with_torch: bool) -> Dict[str, float]:
@@ -69,11 +62,15 @@ def measure_peak(dtype: str, with_torch: bool) -> Dict[str, float]:
   return rates
 
 
+def _on_cpu() -> bool:
+  import jax
+  return jax.devices()[0].platform == "cpu"
+
+
 def peak(config) -> float:
   """The published peak of a TPU/GPU chip; 0.0 on the CPU, whose peak a run measures."""
   import jax
-  dev = jax.devices()[0]
-  return 0.0 if dev.platform == "cpu" else devices_lib.peak_flops(dev, config.model.dtype)
+  return 0.0 if _on_cpu() else devices_lib.peak_flops(jax.devices()[0], config.model.dtype)
 
 
 def run_peak(published: float, before, after) -> Dict[str, Any]:
@@ -88,19 +85,8 @@ def run_peak(published: float, before, after) -> Dict[str, Any]:
           "peak_measured": {"before": before, "after": after}, "peak_drift": drift}
 
 
-def _peak_devices() -> int:
-  """How many devices' peaks the run has: on the CPU one, since virtual CPU devices
-  (--xla_force_host_platform_device_count) share the cores that the measured matmul
-  already used in full."""
-  import jax
-  return 1 if jax.devices()[0].platform == "cpu" else jax.device_count()
-
-
 def _cpu_rates(config, with_torch: bool):
-  import jax
-  if jax.devices()[0].platform != "cpu":
-    return None
-  return measure_peak(config.model.dtype, with_torch)
+  return measure_peak(config.model.dtype, with_torch) if _on_cpu() else None
 
 
 def _check_platform(config):
@@ -115,6 +101,7 @@ def bench_step(config, mode: str = "train", batch: int = 8, seq: int = 0, iters:
                warmup: int = 2, compare_hf: bool = False, seed: int = 0,
                log=print) -> Dict[str, Any]:
   """Times our step (and transformers' with `compare_hf`) on full-length rows."""
+  import jax
   seq = seq or config.data.seq_len
   config = _config_copy(config, batch, seq)
   _check_platform(config)
@@ -152,7 +139,7 @@ def bench_step(config, mode: str = "train", batch: int = 8, seq: int = 0, iters:
       t_theirs.append(theirs.step(x))
   result.update(run_peak(peak(config), before, _cpu_rates(config, theirs is not None)))
   pk = result["peak_flops_per_device"]
-  n = _peak_devices()
+  n = devices_lib.peak_devices(jax.devices())
   result["ours"] = _stats(t_ours, batch * seq, ours.step_flops(batch, seq), pk, n)
   result["ours"]["memory"] = memory
   if theirs is not None:
@@ -170,6 +157,7 @@ def bench_packed(config, spec: str, mode: str = "train", batch: int = 8, seq: in
                  iters: int = 10, pad_multiple: int = 16, passes: int = 2, seed: int = 0,
                  log=print) -> Dict[str, Any]:
   """Real-token throughput of the same documents packed vs padded to the batch maximum."""
+  import jax
   seq = seq or config.data.seq_len
   config = _config_copy(config, batch, seq)
   _check_platform(config)
@@ -182,7 +170,7 @@ def bench_packed(config, spec: str, mode: str = "train", batch: int = 8, seq: in
             "dtype": config.model.dtype}
   ours = Ours(config, mode)
   result["config"] = runinfo.config_summary(config, ours.objective)
-  n = _peak_devices()
+  n = devices_lib.peak_devices(jax.devices())
   before = _cpu_rates(config, False)
   for name, group in layouts.items():
     host_batches = synthetic.batches(ours.objective, group, seed)

@@ -125,9 +125,8 @@ def train_and_evaluate(config, workdir: str, devices=None,
   n_dev = setup.mesh.devices.size
   first_dev = setup.mesh.devices.flat[0]
   dtype = getattr(next(iter(objective.modules.values())).config, "dtype", "float32")
-  # CPU "devices" (fake or not) share one machine: its measured matmul rate is the peak.
-  peak = devices_lib.peak_flops(first_dev, dtype) * (
-      1 if first_dev.platform == "cpu" else n_dev)
+  peak = devices_lib.peak_flops(first_dev, dtype) * devices_lib.peak_devices(
+      setup.mesh.devices.flat)
   first = int(state.step)
   if first == 0 and jax.process_index() == 0:
     writer.write_json("run", {"params": n_params, "frozen_params": n_frozen,
