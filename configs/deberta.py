@@ -14,6 +14,13 @@ LayerNorm-ed relative embeddings, no absolute positions, 128k vocabulary.
 Table 9 of the appendix: batch 2k, learning rate 2e-4, 10k warmup steps, 1M steps, length
 512, Adam eps 1e-6, weight decay 0.01).
 
+TPU recipe (every size but tiny): attention_probs_dropout_prob = 0 (the papers use 0.1), as
+BERT's TPU recipe, ModernBERT and MosaicBERT train, so `relative_impl: auto` runs the fused
+relative-attention Pallas kernel on TPU (encoders/layers/relative_kernel.py: it never forms
+the attention probabilities, so it has no dropout on them). For the papers' setting pass
+`--config.model.attention_probs_dropout_prob=0.1`; the run's first lines then say that
+the shift formulation was taken instead, and why.
+
 `v3-<size>`: the DeBERTaV3 recipe (objectives/rtd.py): a DeBERTa-v3 generator of the
 discriminator's width and half its depth (the paper's Section 5: "same width, half the
 depth"), GDES embedding sharing (`sharing=gdes|tied|none` to change it), RTD loss weight
@@ -71,6 +78,7 @@ def get_config(arg="base"):
       c.train.eval_every = 400
       c.checkpoint.every = 400
   elif v3:
+    c.model.attention_probs_dropout_prob = 0.0  # the TPU recipe: see the docstring
     c.data.seq_len = 512
     c.data.global_batch = 8192
     c.tokenizer.vocab_size = 128000
@@ -85,6 +93,7 @@ def get_config(arg="base"):
     c.train.eval_every = 10_000
     c.checkpoint.every = 5_000
   else:
+    c.model.attention_probs_dropout_prob = 0.0  # the TPU recipe: see the docstring
     c.data.seq_len = 512
     c.data.global_batch = 2048
     c.tokenizer.vocab_size = 128000

@@ -72,9 +72,18 @@ def resolve_auto(cfg, platform=None, seq_len=None):
 def resolve_attention(cfg, platform, seq_len=None) -> str:
   """Sets `attention_impl: auto` to what `layers.choose_impl` picks for `platform` and
   `seq_len` (Splash on TPU when the length allows, cuDNN on GPU, "cpu" on the CPU), in
-  place; returns the choice and its reason as one line for the run's log."""
+  place; returns the choice and its reason as one line for the run's log. A family with
+  relative attention (DeBERTa) also resolves `relative_impl: auto` (relative.choose_impl:
+  the fused Pallas kernel on TPU when the length allows)."""
+  line = ""
+  if cfg.get("relative_impl") == "auto":
+    from encoders.layers import relative
+    impl, reason = relative.choose_impl(
+        platform, seq_len, float(cfg.get("attention_probs_dropout_prob", 0.0) or 0.0))
+    cfg.relative_impl = impl
+    line = f"; relative attention: auto -> {impl}: {reason}"
   if cfg.get("attention_impl") != "auto":
-    return f"attention: {cfg.get('attention_impl')} (set in the config)"
+    return f"attention: {cfg.get('attention_impl')} (set in the config){line}"
   from encoders.layers import attention
   heads = cfg.get("num_attention_heads")
   impl, reason = attention.choose_impl(
@@ -82,7 +91,7 @@ def resolve_attention(cfg, platform, seq_len=None) -> str:
       _dtype_for(cfg.get("dtype", "auto"), platform), cfg.hidden_size // heads if heads else None,
       cfg.get("family", "bert"))
   cfg.attention_impl = impl
-  return f"attention: auto -> {impl}: {reason}"
+  return f"attention: auto -> {impl}: {reason}{line}"
 
 
 def _dtype_for(dtype: str, platform: str) -> str:

@@ -8,8 +8,10 @@ transformers' `DebertaV2*` behaviour.
   all layers (top-level `rel_embeddings`, LayerNorm-ed when `norm_rel_ebd="layer_norm"`),
   projected by each layer's own key/query (`share_att_key`, v3) or by separate
   `pos_key`/`pos_query` projections (v2). `relative_impl` picks the formulation of the
-  relative terms: "shift" (fast, default; `relative_block` rows at a time) or "gather"
-  (transformers' reference math).
+  relative terms: "auto" (the default: "fused" on TPU when it can, else "shift"), "fused"
+  (one Pallas kernel with the terms computed inside a flash-attention loop: TPU),
+  "shift" (`relative_block` rows at a time), "headmajor", or "gather" (transformers'
+  reference math).
 - Embeddings: word (+ absolute positions when `position_biased_input`, v2) (+ token types
   when `type_vocab_size` > 0), projected E -> D without bias when they differ, then
   LayerNorm over D.
@@ -68,7 +70,10 @@ def defaults(variant: str = "base") -> ml_collections.ConfigDict:
   m.conv_act = "tanh"
   m.legacy = True  # MLM head names: cls.predictions (True) | lm_predictions.lm_head
   m.pooler_hidden_act = "gelu"
-  m.relative_impl = "shift"  # shift | gather (the reference) | headmajor (fused, head-major)
+  # auto (relative.choose_impl: the fused Pallas kernel on TPU when the length is a
+  # multiple of 128 and attention dropout is 0, else shift) | shift | gather (the
+  # reference) | headmajor (the shift inside a head-major attention) | fused
+  m.relative_impl = "auto"
   # shift: rows in blocks of this many (when it divides T) multiply only the T + C - 1
   # relative rows they use instead of 2T - 1 (0: no blocks)
   # 64: XLA's TPU cost model prices one v3-base layer (batch 32 x 512, v5p) at 10.20 ms
@@ -95,8 +100,9 @@ def validate(cfg):
     raise ValueError(f"pos_att_type has {sorted(unknown)}; DeBERTa knows {relative.TERMS}")
   if cfg.norm_rel_ebd not in ("layer_norm", "none"):
     raise ValueError(f"norm_rel_ebd={cfg.norm_rel_ebd!r}; use 'layer_norm' or 'none'")
-  if cfg.relative_impl not in relative.REL_IMPLS:
-    raise ValueError(f"relative_impl={cfg.relative_impl!r}; use one of {relative.REL_IMPLS}")
+  if cfg.relative_impl not in relative.REL_IMPLS + ("auto",):
+    raise ValueError(f"relative_impl={cfg.relative_impl!r}; use one of "
+                     f"{relative.REL_IMPLS + ('auto',)}")
   if cfg.hidden_size % cfg.num_attention_heads:
     raise ValueError("hidden_size must be a multiple of num_attention_heads")
   if cfg.conv_kernel_size > 0 and cfg.conv_kernel_size % 2 == 0:

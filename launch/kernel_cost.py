@@ -22,6 +22,11 @@ The price of one call: max(FLOPs / peak, bytes / HBM bandwidth) / efficiency.
   theoretical maximum FLOPs/s on A100, forward and backward), used for every TPU
   generation until a TPU measurement replaces it. It is a stated assumption, printed with
   every estimate and overridable (`--kernel_efficiency`).
+DeBERTa's fused relative attention (encoders/layers/relative_kernel.py; names
+`deberta_rel_{fwd,dq,dkv}__<terms>`): C x C x K matmul units per tile from
+`relative_kernel.matmul_units` (forward 2 + 2 per term, the dq kernel 3 + 2 per term + 4
+with c2p, the dk/dv kernel 4 + 2 per term + 4 with p2c), the terms read from the name;
+each unit over the whole T x T square is 2 * (query rows) * Tk * K FLOPs as above.
 Custom calls that are not known kernels are listed as unpriced (the estimate is then a
 lower bound), never silently dropped.
 """
@@ -79,6 +84,12 @@ def custom_calls(hlo: str) -> List[Dict[str, Any]]:
 
 def _matmuls(name: str, q, results, has_dq_kernel: bool) -> Optional[int]:
   n = name.lower()
+  if "deberta_rel_" in n:
+    from encoders.layers import relative_kernel
+    for kernel in relative_kernel.KERNEL_NAMES:
+      if kernel in n:
+        return relative_kernel.matmul_units(kernel, "c2p" in n, "p2c" in n)
+    return None
   if "splash" not in n and "flash" not in n:
     return None
   if "fwd" in n:
@@ -94,6 +105,8 @@ def _matmuls(name: str, q, results, has_dq_kernel: bool) -> Optional[int]:
 def kernel_flops(call: Dict[str, Any], has_dq_kernel: bool = False) -> Optional[float]:
   """FLOPs of one attention kernel call (None: not a kernel this module knows)."""
   floats = [s for d, s in call["operands"] if d in ("bf16", "f16", "f32") and len(s) >= 3]
+  if "deberta_rel_" in call["name"].lower():  # (B,H,T,K) q, k first; the tables are 4-d too
+    floats = [s for s in floats if len(s) == 4]
   if len(floats) < 2:
     return None
   q, k = floats[0], floats[1]
@@ -111,7 +124,8 @@ def price(hlo: str, peak_flops: float, hbm_bytes_per_s: float,
   if not 0 < efficiency <= 1:
     raise ValueError(f"kernel efficiency must be in (0, 1], got {efficiency}")
   calls = [c for c in custom_calls(hlo) if c["target"] == "tpu_custom_call"]
-  has_dq = any("dq" in c["name"].lower() and "dkv" not in c["name"].lower() for c in calls)
+  has_dq = any("dq" in c["name"].lower() and "dkv" not in c["name"].lower()
+               and "deberta_rel_" not in c["name"].lower() for c in calls)
   total = {"seconds": 0.0, "flops": 0.0, "bytes": 0, "kernels": {}, "unpriced": [],
            "efficiency": efficiency, "calls": 0}
   for c in calls:

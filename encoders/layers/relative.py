@@ -20,6 +20,10 @@ Two formulations of the (B,H,T,T) term, tested against each other:
   (.., T, T)-sized tensor (content scores, the relative products and their shift, the
   probabilities) is produced in the order the batched matmuls emit it (batch dim H
   first), so no (B,H,T,T)-sized transpose is needed except p2c's [j, i] -> [i, j].
+- "fused" (TPU): the whole attention in one Pallas kernel that computes the c2p/p2c tiles
+  next to the content scores inside a flash-attention loop (`relative_kernel.py`), so no
+  (B,H,T,T)-sized tensor reaches memory; sequence lengths that are multiples of 128, no
+  attention-probability dropout. Elsewhere it runs in the Pallas interpreter (tests).
 The bucketed semantics are the same: r(i, j) is computed by the same function in all.
 """
 import functools
@@ -29,14 +33,36 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from encoders.layers import relative_kernel
 from encoders.layers.attention import MultiHeadAttention
 from encoders.layers.core import Dense
 from encoders.layers.dropout import Dropout
 from encoders.layers.masks import AttentionInputs, SegmentMask
 
 Array = jax.Array
-REL_IMPLS = ("shift", "gather", "headmajor")
+REL_IMPLS = ("shift", "gather", "headmajor", "fused")
 TERMS = ("c2p", "p2c")
+
+
+def choose_impl(platform: str, seq_len=None, dropout_rate: float = 0.0):
+  """What `relative_impl: auto` runs, and why: (impl, reason). On TPU the fused kernel
+  when the length is a multiple of its block (128) and there is no attention-probability
+  dropout (the kernel never forms the probabilities); otherwise, and on every other
+  platform, the shift formulation."""
+  block = relative_kernel.BLOCK
+  if platform != "tpu":
+    return "shift", f"{platform}: the shift formulation (the fused kernel is for TPU)"
+  if dropout_rate > 0:
+    return "shift", (f"TPU: not the fused kernel: attention_probs_dropout_prob="
+                     f"{dropout_rate:g} > 0 needs the attention probabilities; set it to 0 "
+                     "for the fused kernel")
+  if not seq_len:
+    return "shift", "TPU: not the fused kernel: the sequence length is not known"
+  if seq_len % block:
+    return "shift", (f"TPU: not the fused kernel: sequence length {seq_len} is not a "
+                     f"multiple of {block}")
+  return "fused", (f"TPU: the fused relative-attention Pallas kernel, sequence length "
+                   f"{seq_len} a multiple of {block}")
 
 
 def log_bucket_position(rel: np.ndarray, bucket_size: int, max_position: int) -> np.ndarray:
@@ -246,6 +272,21 @@ class DisentangledAttention(MultiHeadAttention):
         pk = (self.key if self.share_att_key else self.pos_key)(rel) * scale
       if "p2c" in self.pos_att_type:
         pq = (self.query if self.share_att_key else self.pos_query)(rel) * scale
+      # init may trace any length (e.g. 8 tokens); the kernel has no parameters of its own,
+      # so initialisation takes the shift formulation, which creates the same ones
+      if self.rel_impl == "fused" and not self.is_initializing():
+        if not deterministic and self.dropout_rate > 0.0:
+          raise ValueError("relative_impl='fused' has no attention-probability dropout; set "
+                           "attention_probs_dropout_prob=0 (or relative_impl='shift')")
+        seg = (inputs.extra or {}).get("segments")
+        if seg is None:
+          raise ValueError("relative_impl='fused' needs the (B,T) segment ids in "
+                           "inputs.extra['segments'] (DeBERTa's attention_inputs sets them)")
+        t = q.shape[1]
+        dist = distance_rows(t, self.span, self.position_buckets, self.max_relative_positions)
+        ctx = relative_kernel.fused_relative_attention(
+            q, k, v, pk, pq, dist, seg, scale)
+        return self.out(ctx)
       if self.rel_impl == "headmajor":
         mask = inputs.mask_of(self.mask_kind)
         if isinstance(mask, SegmentMask):
@@ -259,7 +300,8 @@ class DisentangledAttention(MultiHeadAttention):
         return self.out(ctx)
       bias = relative_scores(q, k, pk, pq, self.pos_att_type,
                              (self.span, self.position_buckets, self.max_relative_positions),
-                             self.rel_impl, self.rel_block)
+                             "shift" if self.rel_impl == "fused" else self.rel_impl,
+                             self.rel_block)
     ctx = self.attend(q, k, v, inputs.mask_of(self.mask_kind), bias, deterministic,
                       scale=scale)
     return self.out(ctx)

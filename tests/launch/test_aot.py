@@ -195,3 +195,26 @@ print(cost["optimal_seconds"], aot.free_custom_calls(hlo), aot._optimal_seconds(
   # at least its four matmuls (forward x2, the gradients of x and w1) at v5e's peak
   from launch import devices
   assert float(fixed) > 4 * 2 * 16384 * 768 * 3072 / devices.chip_peak_flops("TPU v5 lite")
+
+
+def test_deberta_tpu_recipe_gets_the_fused_relative_kernel_and_prices_it(libtpu, tmp_path):
+  """DeBERTa's TPU recipe (attention dropout 0) resolves `relative_impl: auto` to the fused
+  Pallas kernel; the sharded step compiles for v5p and each of its three kernels is priced
+  by roofline with the FLOPs of its matmul units (encoders/layers/relative_kernel.py)."""
+  out = tmp_path / "aot.json"
+  p = _run(["--config", "configs/deberta.py:base", "--config.model.num_hidden_layers=1",
+            "--config.model.vocab_size=512", "--topology", "v5p:2x2x1", "--global-batch",
+            "8", "--seq", "128", "--mesh=2,1,2", "--json", str(out)],
+           libtpu, timeout=1500)
+  assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+  r = json.loads(out.read_text())
+  assert "relative attention: auto -> fused" in r["attention_choice"]
+  roof = r["kernel_roofline"]
+  assert roof["unpriced"] == []
+  names = " ".join(roof["kernels"])
+  for kernel in ("deberta_rel_fwd__c2p_p2c", "deberta_rel_dq__c2p_p2c",
+                 "deberta_rel_dkv__c2p_p2c"):
+    assert kernel in names, names
+  # per device: 8 / 2 rows (data=2), 12 / 2 heads (tensor=2), T = 128, K = 64; units 6 + 11 + 12
+  assert roof["flops"] == (6 + 11 + 12) * 2 * 4 * 6 * 128 * 128 * 64
+  assert r["estimated_step_s"] > r["xla_priced_s"] > 0 and 0 < r["estimated_mfu"] < 1
