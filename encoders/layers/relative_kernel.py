@@ -162,6 +162,27 @@ def _fwd_kernel(segq_ref, segk_ref, q_ref, k_ref, v_ref, *refs, scale, c, c2p, p
     lse_ref[...] = (m_scr[...] + jnp.log(l)).T[:1, :]
 
 
+def _probs_and_grad(q, k, v, do, rk_ref, rq_ref, segq_ref, segk_ref, lse_ref, dsum_ref,
+                    scale, c):
+  """The backward kernels' tile: probabilities recomputed from the saved log-sum-exp, and
+  the score gradient ds = p * (dO V^T - rowsum(dO * O))."""
+  s = _scores(q, k, None if rk_ref is None else rk_ref[...],
+              None if rq_ref is None else rq_ref[...], segq_ref, segk_ref, scale, c)
+  p = jnp.exp(s - _rows(lse_ref, c))
+  dp = jax.lax.dot_general(do, v, _NT, preferred_element_type=jnp.float32)
+  return p, p * (dp - _rows(dsum_ref, c))
+
+
+def _relative_grad(ds_rows, x, rev_ref, table_ref, delta, c):
+  """One relative term's backward in a tile: ds_rows (C, C) the score gradient with the
+  term's own rows first (queries for c2p, keys for p2c), x those rows' q or k. Adds the
+  diagonal table's gradient (rows reversed) into its resident block; returns x's."""
+  g = _unskew_reversed(ds_rows.astype(x.dtype), c)  # (C, 2C), table rows reversed
+  table_ref[delta] = table_ref[delta] + jax.lax.dot_general(
+      g, x, _TN, preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(g, rev_ref[...], _NN, preferred_element_type=jnp.float32)
+
+
 def _dq_kernel(segq_ref, segk_ref, q_ref, k_ref, v_ref, *refs, scale, c, c2p, p2c, nb):
   rk_ref, rq_ref, refs = _split(refs, c2p, p2c)
   rev_ref = refs.pop(0) if c2p else None  # rk with its 2C rows reversed
@@ -178,20 +199,13 @@ def _dq_kernel(segq_ref, segk_ref, q_ref, k_ref, v_ref, *refs, scale, c, c2p, p2
     def _init_table():
       drk_ref[...] = jnp.zeros(drk_ref.shape, jnp.float32)
 
-  q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-  rk = rk_ref[...] if c2p else None
-  s = _scores(q, k, rk, rq_ref[...] if p2c else None, segq_ref, segk_ref, scale, c)
-  p = jnp.exp(s - _rows(lse_ref, c))
-  dp = jax.lax.dot_general(do, v, _NT, preferred_element_type=jnp.float32)
-  ds = p * (dp - _rows(dsum_ref, c))
+  q, k = q_ref[...], k_ref[...]
+  _, ds = _probs_and_grad(q, k, v_ref[...], do_ref[...], rk_ref, rq_ref, segq_ref, segk_ref,
+                          lse_ref, dsum_ref, scale, c)
   acc = jax.lax.dot_general(ds.astype(k.dtype), k, _NN,
                             preferred_element_type=jnp.float32) * scale
   if c2p:
-    g = _unskew_reversed(ds.astype(q.dtype), c)  # (C, 2C), table rows reversed
-    acc = acc + jax.lax.dot_general(g, rev_ref[...], _NN, preferred_element_type=jnp.float32)
-    delta = i - j + nb - 1
-    drk_ref[delta] = drk_ref[delta] + jax.lax.dot_general(
-        g, q, _TN, preferred_element_type=jnp.float32)
+    acc = acc + _relative_grad(ds, q, rev_ref, drk_ref, i - j + nb - 1, c)
   acc_scr[...] += acc
 
   @pl.when(j == pl.num_programs(3) - 1)
@@ -216,21 +230,15 @@ def _dkv_kernel(segq_ref, segk_ref, q_ref, k_ref, v_ref, *refs, scale, c, c2p, p
     def _init_table():
       drq_ref[...] = jnp.zeros(drq_ref.shape, jnp.float32)
 
-  q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-  s = _scores(q, k, rk_ref[...] if c2p else None, rq_ref[...] if p2c else None, segq_ref, segk_ref, scale, c)
-  p = jnp.exp(s - _rows(lse_ref, c))
+  q, k, do = q_ref[...], k_ref[...], do_ref[...]
+  p, ds = _probs_and_grad(q, k, v_ref[...], do, rk_ref, rq_ref, segq_ref, segk_ref,
+                          lse_ref, dsum_ref, scale, c)
   dv_scr[...] += jax.lax.dot_general(p.astype(do.dtype), do, _TN,
                                      preferred_element_type=jnp.float32)
-  dp = jax.lax.dot_general(do, v, _NT, preferred_element_type=jnp.float32)
-  ds = p * (dp - _rows(dsum_ref, c))
   dk = jax.lax.dot_general(ds.astype(q.dtype), q, _TN,
                            preferred_element_type=jnp.float32) * scale
   if p2c:
-    g = _unskew_reversed(ds.T.astype(k.dtype), c)  # (C keys, 2C), table rows reversed
-    dk = dk + jax.lax.dot_general(g, rev_ref[...], _NN, preferred_element_type=jnp.float32)
-    delta = i - j + nb - 1
-    drq_ref[delta] = drq_ref[delta] + jax.lax.dot_general(
-        g, k, _TN, preferred_element_type=jnp.float32)
+    dk = dk + _relative_grad(ds.T, k, rev_ref, drq_ref, i - j + nb - 1, c)
   dk_scr[...] += dk
 
   @pl.when(i == pl.num_programs(3) - 1)

@@ -38,8 +38,12 @@ def _inputs(t, seed, span=16, heads=2, kdim=8):
   return q, k, v, pk, pq
 
 
-@pytest.mark.parametrize("terms,packed", [(("c2p", "p2c"), False), (("c2p", "p2c"), True),
-                                          (("c2p",), False), (("p2c",), True)])
+SLOW = pytest.mark.slow  # default-suite time: each interpreted case costs 7-18 s
+
+
+@pytest.mark.parametrize("terms,packed", [
+    pytest.param(("c2p", "p2c"), False, marks=SLOW), (("c2p", "p2c"), True),
+    pytest.param(("c2p",), False, marks=SLOW), pytest.param(("p2c",), True, marks=SLOW)])
 def test_fused_kernel_equals_reference(terms, packed):
   t, rows = 2 * C, (16, 16, 64)  # log buckets: distances past 8 share rows
   q, k, v, pk, pq = _inputs(t, len(terms) + 2 * packed)
@@ -86,7 +90,7 @@ def test_bad_lengths_and_no_terms_are_refused():
                                     interpret=True)
 
 
-@pytest.mark.parametrize("style", ["v3", "v2"])
+@pytest.mark.parametrize("style", ["v3", pytest.param("v2", marks=SLOW)])
 def test_model_on_the_fused_kernel_matches_transformers_and_the_shift_gradients(style, tmp_path):
   """DeBERTa with relative_impl='fused' (interpreted): MLM logits equal transformers' on a
   padded batch at T=128, and the parameter gradients of a loss equal the shift
