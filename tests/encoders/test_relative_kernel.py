@@ -137,6 +137,7 @@ def test_auto_picks_the_fused_kernel_on_tpu_only_when_it_can():
     assert impl == "shift" and why in reason
 
 
+@SLOW
 def test_sharded_over_a_mesh_gives_the_unsharded_values_and_gradients():
   """Under a (data=2, fsdp=2, tensor=2) mesh the kernel runs per shard (batch over
   data x fsdp, heads over tensor); the tables' gradients, summed over every shard's

@@ -197,6 +197,7 @@ print(cost["optimal_seconds"], aot.free_custom_calls(hlo), aot._optimal_seconds(
   assert float(fixed) > 4 * 2 * 16384 * 768 * 3072 / devices.chip_peak_flops("TPU v5 lite")
 
 
+@pytest.mark.slow  # default-suite time (~30 s); .ci/run runs it when time allows
 def test_deberta_tpu_recipe_gets_the_fused_relative_kernel_and_prices_it(libtpu, tmp_path):
   """DeBERTa's TPU recipe (attention dropout 0) resolves `relative_impl: auto` to the fused
   Pallas kernel; the sharded step compiles for v5p and each of its three kernels is priced
