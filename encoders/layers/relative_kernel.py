@@ -17,9 +17,10 @@ one MXU product and one strided lane rotation give the tile's term:
 
 The backward pass carries the score gradient back onto the (C, 2C) products
 (`_unskew_reversed`: the inverse rotation, done on reversed columns because Mosaic's
-strided rotation takes no negative stride), then to q / k and to the diagonal tables. The table gradients accumulate across the batch
-and all tiles of a head in a resident VMEM block, so the head axis is the only parallel
-grid axis of the backward kernels (12+ heads: enough for both cores of a v4/v5p chip).
+strided rotation takes no negative stride), then to q / k and to the diagonal tables.
+The table gradients accumulate across the batch and all tiles of a head in a resident
+VMEM block, so the head axis is the only parallel grid axis of the backward kernels
+(12+ heads: enough for both cores of a v4/v5p chip).
 
 Masking follows `masks.make_attention_mask` for segment ids: a key must be real (id > 0);
 a real query sees keys of its own segment; a padding query sees every real key. A fully
@@ -32,7 +33,6 @@ Work per C x C tile, in C x C x K matmul units: forward 2 + 2 per term; the dq k
 runs the same kernels in the Pallas interpreter on any backend (the CPU tests).
 """
 import functools
-import math
 from typing import Optional
 
 import flax.linen as nn
@@ -157,9 +157,9 @@ def _fwd_kernel(segq_ref, segk_ref, q_ref, k_ref, v_ref, *refs, scale, c, c2p, p
 
   @pl.when(j == nk - 1)
   def _done():
-    l = l_scr[...]
-    o_ref[...] = (acc_scr[...] / l[:, :1]).astype(o_ref.dtype)
-    lse_ref[...] = (m_scr[...] + jnp.log(l)).T[:1, :]
+    denom = l_scr[...]
+    o_ref[...] = (acc_scr[...] / denom[:, :1]).astype(o_ref.dtype)
+    lse_ref[...] = (m_scr[...] + jnp.log(denom)).T[:1, :]
 
 
 def _probs_and_grad(q, k, v, do, rk_ref, rq_ref, segq_ref, segk_ref, lse_ref, dsum_ref,

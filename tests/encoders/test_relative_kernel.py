@@ -71,7 +71,9 @@ def test_fused_kernel_equals_reference(terms, packed):
   np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-5, rtol=2e-5)
   argnums = tuple(i for i, a in enumerate(args) if a is not None)
   w = jax.random.normal(jax.random.PRNGKey(9), out.shape)  # a loss that weights every output
-  g = lambda f: jax.jit(jax.grad(lambda *a: jnp.sum(w * f(*a)), argnums=argnums))
+  def g(f):
+    return jax.jit(jax.grad(lambda *a: jnp.sum(w * f(*a)), argnums=argnums))
+
   for name, a, b in zip([("q", "k", "v", "pk", "pq")[i] for i in argnums],
                         g(fused)(*args), g(ref)(*args)):
     assert np.abs(np.asarray(b)).max() > 1e-3, name  # not vacuous
@@ -114,7 +116,8 @@ def test_model_on_the_fused_kernel_matches_transformers_and_the_shift_gradients(
   w = jax.random.normal(jax.random.PRNGKey(3), out.last_hidden_state.shape) * mask[..., None]
 
   def grads(model):
-    loss = lambda p: jnp.sum(w * model.apply({"params": p}, *args).last_hidden_state)
+    def loss(p):
+      return jnp.sum(w * model.apply({"params": p}, *args).last_hidden_state)
     return jax.jit(jax.grad(loss))(params)
 
   got, want = grads(fused), grads(shift)
