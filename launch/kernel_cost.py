@@ -105,8 +105,6 @@ def _matmuls(name: str, q, results, has_dq_kernel: bool) -> Optional[int]:
 def kernel_flops(call: Dict[str, Any], has_dq_kernel: bool = False) -> Optional[float]:
   """FLOPs of one attention kernel call (None: not a kernel this module knows)."""
   floats = [s for d, s in call["operands"] if d in ("bf16", "f16", "f32") and len(s) >= 3]
-  if "deberta_rel_" in call["name"].lower():  # (B,H,T,K) q, k first; the tables are 4-d too
-    floats = [s for s in floats if len(s) == 4]
   if len(floats) < 2:
     return None
   q, k = floats[0], floats[1]

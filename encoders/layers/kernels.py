@@ -69,19 +69,29 @@ def splash_attention(q: Array, k: Array, v: Array, segment_ids: Array,
 
     return jax.vmap(one)(q, k, v, seg)
 
-  segment_ids = segment_ids.astype(jnp.int32)
+  return per_shard(local, "splash attention", (q, k, v), segment_ids.astype(jnp.int32))
+
+
+def per_shard(local, what: str, qkv, segment_ids: Array, per_head=()):
+  """Runs an attention kernel `local(q, k, v, *per_head, segment_ids)` -> (B,T,H,K) on
+  each shard: under a mesh context (`jax.set_mesh`) through shard_map, with q, k, v
+  (B,T,H,K) and the output split over batch and heads as the logical rules place
+  `act_batch` and `act_heads`, `segment_ids` (B,T) over batch, and each `per_head` array
+  (heads first; None allowed) over heads; without one (or on one device) as one call.
+  `what` names the kernel in the error for rules that shard the length or head dim."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
-    return local(q, k, v, segment_ids)
+    return local(*qkv, *per_head, segment_ids)
   spec = nn.logical_to_mesh_axes(("act_batch", "act_len", "act_heads", "act_kv"))
   spec = tuple(spec) + (None,) * (4 - len(tuple(spec)))
   if spec[1] is not None or spec[3] is not None:
-    raise ValueError("splash attention shards only the batch and head dims; the rules map "
+    raise ValueError(f"{what} shards only the batch and head dims; the rules map "
                      f"act_len/act_kv to {spec[1]}/{spec[3]}")
-  qkv = jax.sharding.PartitionSpec(*spec)
-  seg = jax.sharding.PartitionSpec(spec[0], None)
-  return jax.shard_map(local, mesh=mesh, in_specs=(qkv, qkv, qkv, seg), out_specs=qkv,
-                       check_vma=False)(q, k, v, segment_ids)
+  P = jax.sharding.PartitionSpec
+  heads = [P() if x is None else P(spec[2], *(None,) * (x.ndim - 1)) for x in per_head]
+  in_specs = (P(*spec),) * len(qkv) + tuple(heads) + (P(spec[0], None),)
+  return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=P(*spec),
+                       check_vma=False)(*qkv, *per_head, segment_ids)
 
 
 def rotary(x: Array, positions: Array, theta: float) -> Array:

@@ -35,7 +35,6 @@ runs the same kernels in the Pallas interpreter on any backend (the CPU tests).
 import functools
 from typing import Optional
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -370,8 +369,7 @@ def fused_relative_attention(q: Array, k: Array, v: Array, pos_key: Optional[Arr
   distance (relative.distance_rows); segment_ids (B,T) int, 0 = padding -> context
   (B,T,H,K). T must be a multiple of 128. `interpret`: None runs the Mosaic kernel when
   the program is lowered for TPU and the Pallas interpreter otherwise; True/False force
-  one. Under a mesh the kernel runs per shard
-  (shard_map over the batch and head dims, as `kernels.splash_attention`)."""
+  one. Under a mesh the kernel runs per shard (`kernels.per_shard`: batch and heads)."""
   from encoders.layers import kernels
   b, t, h, kdim = q.shape
   if t % BLOCK:
@@ -390,8 +388,7 @@ def fused_relative_attention(q: Array, k: Array, v: Array, pos_key: Optional[Arr
 
   def one(q, k, v, rk, rq, seg, interpret):
     qh, kh, vh = (x.swapaxes(1, 2) for x in (q, k, v))
-    seg = seg.astype(jnp.int32)[:, None, :]
-    return _attention(qh, kh, vh, rk, rq, seg, scale, interpret).swapaxes(1, 2)
+    return _attention(qh, kh, vh, rk, rq, seg[:, None, :], scale, interpret).swapaxes(1, 2)
 
   def local(*args):
     if interpret is not None:
@@ -401,16 +398,5 @@ def fused_relative_attention(q: Array, k: Array, v: Array, pos_key: Optional[Arr
     return jax.lax.platform_dependent(*args, tpu=functools.partial(one, interpret=False),
                                       default=functools.partial(one, interpret=True))
 
-  segment_ids = segment_ids.astype(jnp.int32)
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or mesh.size == 1:
-    return local(q, k, v, rk, rq, segment_ids)
-  spec = nn.logical_to_mesh_axes(("act_batch", "act_len", "act_heads", "act_kv"))
-  spec = tuple(spec) + (None,) * (4 - len(tuple(spec)))
-  if spec[1] is not None or spec[3] is not None:
-    raise ValueError("the fused relative attention kernel shards only the batch and head "
-                     f"dims; the rules map act_len/act_kv to {spec[1]}/{spec[3]}")
-  P = jax.sharding.PartitionSpec
-  qkv, table, seg = P(*spec), P(spec[2], None, None, None), P(spec[0], None)
-  return jax.shard_map(local, mesh=mesh, in_specs=(qkv, qkv, qkv, table, table, seg),
-                       out_specs=qkv, check_vma=False)(q, k, v, rk, rq, segment_ids)
+  return kernels.per_shard(local, "the fused relative attention kernel", (q, k, v),
+                           segment_ids.astype(jnp.int32), (rk, rq))
