@@ -2,7 +2,7 @@
 machine (this CPU included): does it fit in HBM, and how fast does XLA expect it to be?
 
   python -m launch.aot --config configs/bert.py:base --topology v5p:2x2x1 --global_batch 32 \\
-      [--seq 512] [--mesh=-1,1,1] [--config.model.attention_impl=splash ...]
+      [--seq 512] [--mesh=-1,1,1] [--breakdown 15] [--config.model.attention_impl=splash ...]
 
 What it does: `jax.experimental.topologies.get_topology_desc` (libtpu) describes the TPU
 slice without one; `launch.trainer.build(config, tokenizer, devices=topology.devices)`
@@ -18,7 +18,9 @@ context, and compiled by the TPU compiler. From the compiled program:
   peak or bytes over HBM bandwidth, whichever is larger, over a stated efficiency
   factor; launch/kernel_cost.py says where each number comes from), and the MFU the sum
   implies: the objective's model FLOPs of the step per device / estimated time / the
-  chip's published bf16 peak (per device).
+  chip's published bf16 peak (per device);
+- with `--breakdown N`, the N op groups (the JAX source op, layers folded) that take the
+  largest shares of XLA's part, by the compiler's per-op cycle estimates (launch/op_costs.py).
 Exit status: 0 when the step fits, 1 when it does not (or the compiler runs out of
 memory), 2 for a usage or setup problem (bad topology name, libtpu missing).
 
@@ -34,7 +36,7 @@ import time
 from typing import Any, Dict, Optional, Sequence
 
 from launch import devices as devices_lib
-from launch import kernel_cost, runinfo, synthetic
+from launch import kernel_cost, op_costs, runinfo, synthetic
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL_LIBTPU = os.path.join(_REPO, ".cache", "libtpu", "libtpu", "libtpu.so")
@@ -148,9 +150,11 @@ def _is_oom(e: Exception) -> bool:
 def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
                        mesh_shape: Optional[Sequence[int]] = None,
                        hbm_gib: Optional[float] = None,
-                       kernel_efficiency: float = kernel_cost.DEFAULT_EFFICIENCY
-                       ) -> Dict[str, Any]:
-  """Builds, lowers and compiles the train step for `topology`; returns the report."""
+                       kernel_efficiency: float = kernel_cost.DEFAULT_EFFICIENCY,
+                       breakdown: bool = False) -> Dict[str, Any]:
+  """Builds, lowers and compiles the train step for `topology`; returns the report.
+  `breakdown`: also report where XLA's part of the time goes, op by op
+  (launch/op_costs.py), from the program XLA priced (the twin, when there is one)."""
   import ml_collections
   from encoders import base
   from launch import trainer
@@ -218,11 +222,14 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
     kernels = kernel_cost.price(priced_hlo, peak, bandwidth / per_chip, kernel_efficiency)
     if kernels["calls"] and est is not None and est > 0:
       report["xla_with_opaque_kernels_s"] = est
-      est = _xla_part_without_kernels(config, tok, devices, batch, _has_loop(hlo))
+      est, priced_hlo = _xla_part_without_kernels(config, tok, devices, batch,
+                                                  _has_loop(hlo))
       notes.append("XLA's part priced on a twin with each Pallas kernel replaced by an "
                    "elementwise stand-in (same inputs and output); the kernels by roofline")
     if notes:
       report["estimate_notes"] = notes
+    if breakdown:
+      report["breakdown"] = op_costs.breakdown(priced_hlo)
     if est is not None and est > 0:
       report["xla_priced_s"] = est
       report["free_custom_calls"] = free_custom_calls(priced_hlo)
@@ -269,13 +276,13 @@ def _step_time_estimate(config, tok, devices, setup, batch, est, hlo):
 
 
 def _xla_part_without_kernels(config, tok, devices, batch, unroll: bool):
-  """XLA's cost-model time of the step with every Pallas kernel replaced by a cheap
-  elementwise stand-in (`kernels.kernel_stand_ins`). XLA cannot see inside a kernel, and
-  the price it gives an opaque custom call is not the kernel's: on v5p, a Splash forward
-  + backward over (8, 8 heads, T, 64) priced 124 us (T=512) and 330 us (T=2048) above
-  the same program with the stand-in, against compute rooflines of 33 us and 524 us. So
-  the step is priced as this twin (the stand-in's own small cost included) plus the
-  kernels' roofline (launch/kernel_cost.py)."""
+  """XLA's cost-model time of the step, and the twin's HLO text, with every Pallas kernel
+  replaced by a cheap elementwise stand-in (`kernels.kernel_stand_ins`). XLA cannot see
+  inside a kernel, and the price it gives an opaque custom call is not the kernel's: on
+  v5p, a Splash forward + backward over (8, 8 heads, T, 64) priced 124 us (T=512) and
+  330 us (T=2048) above the same program with the stand-in, against compute rooflines of
+  33 us and 524 us. So the step is priced as this twin (the stand-in's own small cost
+  included) plus the kernels' roofline (launch/kernel_cost.py)."""
   import ml_collections
   from encoders.layers import kernels
   from launch import trainer
@@ -285,10 +292,10 @@ def _xla_part_without_kernels(config, tok, devices, batch, unroll: bool):
     twin.optimizer.grad_accum_steps = 1
   with kernels.kernel_stand_ins():
     stand_in = trainer.build(twin, tok, devices=devices)
-    est, _, _ = _price(stand_in, batch)
+    est, _, hlo = _price(stand_in, batch)
     if est is None or est <= 0:
-      est, _, _ = _estimate_without_transform(stand_in, batch)
-  return est
+      est, _, hlo = _estimate_without_transform(stand_in, batch)
+  return est, hlo
 
 
 def _has_loop(hlo: str) -> bool:
@@ -322,7 +329,10 @@ def _estimate_without_transform(setup, batch):
 
 def format_report(r: Dict[str, Any]) -> str:
   c = r["config"]
-  gib = lambda n: f"{n / 2**30:.2f} GiB"
+
+  def gib(n):
+    return f"{n / 2**30:.2f} GiB"
+
   lines = [f"AOT train step: {c['family']} {c['variant']} (L{c['layers']} H{c['hidden']}), "
            f"global batch {r['global_batch']} x seq {r['seq']}, {c['dtype']}, "
            f"attention={c['attention_impl']}, remat={c['remat_policy']}, "
@@ -373,6 +383,8 @@ def format_report(r: Dict[str, Any]) -> str:
                    "counted at 0 s, where XLA's cost model charges -1 s for each)")
   else:
     lines.append("XLA reported no step-time estimate for this program")
+  if r.get("breakdown") is not None:
+    lines.extend(op_costs.format_breakdown(r["breakdown"], r.get("breakdown_top", 15)))
   xf = r.get("xla_flops_per_device")
   lines.append(f"FLOPs per device per step: model {r['model_flops_per_device'] / 1e12:.3f} T"
                + (f", XLA counted {xf / 1e12:.3f} T" if xf else "")
@@ -402,6 +414,9 @@ def _define_flags():
   flags.DEFINE_string("json", "", "also write the report to this JSON file")
   flags.DEFINE_float("kernel_efficiency", kernel_cost.DEFAULT_EFFICIENCY,
                      "fraction of the roofline the Pallas kernels reach (launch/kernel_cost.py)")
+  flags.DEFINE_integer("breakdown", 0, "also print where XLA's part of the time goes: the "
+                       "N largest op groups by the compiler's per-op cycle estimates "
+                       "(launch/op_costs.py); 0: off")
   flags.mark_flags_as_required(["config", "topology", "global_batch"])
   return flags.FLAGS
 
@@ -415,7 +430,8 @@ def main(argv):
   try:
     mesh = parse_mesh(F.mesh) if F.mesh else None
     report = compile_train_step(F.config, F.topology, F.global_batch, F.seq, mesh,
-                                F.hbm_gib or None, F.kernel_efficiency)
+                                F.hbm_gib or None, F.kernel_efficiency, F.breakdown > 0)
+    report["breakdown_top"] = F.breakdown
   except AotError as e:
     print(f"error: {e}", file=sys.stderr)
     return EXIT_USAGE

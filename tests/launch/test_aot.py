@@ -50,7 +50,7 @@ def test_tpu_recipe_gets_splash_and_compiles_sharded_for_v5p(libtpu, tmp_path):
   out = tmp_path / "aot.json"
   p = _run(["--config", "configs/bert.py:mini", "--config.model.num_hidden_layers=1",
             "--config.model.vocab_size=512", "--topology", "v5p:2x2x1", "--global-batch",
-            "8", "--seq", "128", "--mesh=2,1,2", "--json", str(out)],
+            "8", "--seq", "128", "--mesh=2,1,2", "--breakdown", "6", "--json", str(out)],
            libtpu, timeout=1500)  # three compiles: the step and its stand-in twin
   assert p.returncode == 0, p.stdout + p.stderr[-3000:]
   r = json.loads(out.read_text())
@@ -75,6 +75,15 @@ def test_tpu_recipe_gets_splash_and_compiles_sharded_for_v5p(libtpu, tmp_path):
   assert kr["flops"] == 7 * 2 * 4 * 2 * 128 * 128 * 64 and kr["unpriced"] == []
   assert r["estimated_step_s"] == pytest.approx(r["xla_priced_s"] + kr["seconds"])
   assert kr["seconds"] > 0 and "roofline estimate of 2 Pallas kernel call(s)" in p.stdout
+  # --breakdown: the priced twin's ops by the compiler's per-op cycle estimates, grouped by
+  # source op with the autodiff pass named; the stand-ins, not the kernels, are in it
+  b = r["breakdown"]
+  assert b["total_cycles"] > 0 and sum(g["share"] for g in b["groups"]) == pytest.approx(1)
+  names = [g["group"] for g in b["groups"]]
+  assert "fwd Bert/encoder/layer_*/mlp/wi/dot_general" in names
+  assert "bwd Bert/encoder/layer_*/mlp/wo/dot_general" in names
+  assert not [g for g in b["groups"] if g["opcode"] == "custom-call"]
+  assert "where the time goes" in p.stdout and "more groups" in p.stdout
 
 
 @pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
@@ -205,7 +214,7 @@ def test_deberta_tpu_recipe_gets_the_fused_relative_kernel_and_prices_it(libtpu,
   out = tmp_path / "aot.json"
   p = _run(["--config", "configs/deberta.py:base", "--config.model.num_hidden_layers=1",
             "--config.model.vocab_size=512", "--topology", "v5p:2x2x1", "--global-batch",
-            "8", "--seq", "128", "--mesh=2,1,2", "--json", str(out)],
+            "8", "--seq", "128", "--mesh=2,1,2", "--breakdown", "6", "--json", str(out)],
            libtpu, timeout=1500)
   assert p.returncode == 0, p.stdout + p.stderr[-3000:]
   r = json.loads(out.read_text())
