@@ -316,7 +316,8 @@ def _estimate_without_transform(setup, batch):
   traced with an identity transform on a batch shaped like the transform's output."""
   import jax
   objective = setup.objective
-  key = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
+  # the key data of the default PRNG (threefry: 2 words; rbg / unsafe_rbg: 4)
+  key = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
   shapes = jax.eval_shape(
       lambda b, k: objective.transform(b, jax.random.wrap_key_data(k)), batch, key)
   pre = synthetic.row_sharded(shapes, setup.batch_sharding)

@@ -38,8 +38,8 @@ def libtpu():
   return aot.find_libtpu()
 
 
-def _run(args, libtpu_path, timeout=600):
-  env = dict(os.environ, TPU_LIBRARY_PATH=libtpu_path, XLA_FLAGS="")
+def _run(args, libtpu_path, timeout=600, **env_vars):
+  env = dict(os.environ, TPU_LIBRARY_PATH=libtpu_path, XLA_FLAGS="", **env_vars)
   return subprocess.run([sys.executable, "-m", "launch.aot", *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=timeout)
 
@@ -99,6 +99,17 @@ def test_scanned_remat_step_is_priced_on_its_unrolled_twin(libtpu, tmp_path):
   assert r["estimate_notes"] == [
       "layers unrolled and no accumulation loop (XLA prices a loop body once)"]
   assert "estimated on a twin of the step" in p.stdout
+
+
+@pytest.mark.slow  # default-suite time (~20 s); .ci/run runs it when time allows
+def test_rbg_prng_gives_no_estimate_instead_of_a_crash(libtpu):
+  """With JAX's rbg PRNG (4-word keys) the dropout masks come from RngBitGenerator, which
+  XLA's TPU cost model cannot price: the fallback twin (its key shaped for the default
+  PRNG, not a fixed 2 words) still compiles, and the report says there is no estimate."""
+  p = _run(TINY + ["--topology", "v5p:2x2x1", "--global_batch", "8", "--seq", "128"],
+           libtpu, JAX_DEFAULT_PRNG_IMPL="rbg")
+  assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+  assert "XLA reported no step-time estimate for this program" in p.stdout
 
 
 def test_does_not_fit_exits_nonzero_with_a_clear_message(libtpu):
