@@ -351,6 +351,7 @@ def test_packed_batch_gives_the_unpacked_loss_and_gradients(tmp_path, task, regr
   assert max(float(np.abs(np.asarray(x)).max()) for x in jax.tree.leaves(gf)) > 1e-4
 
 
+@pytest.mark.slow  # default-suite time (~18 s); the packed loss/gradient test stays default
 def test_packed_finetuning_learns_and_counts_the_same_tokens(tmp_path):
   train = fh.write_jsonl(tmp_path / "train.jsonl", fh.sentiment_rows(192, seed=1))
   c = _config("sequence", str(tmp_path), train_file=str(train), epochs=8, packing=True)
