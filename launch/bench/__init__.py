@@ -52,7 +52,8 @@ How it measures:
   would). `--batch * --iters` documents with lengths (special tokens included) from DIST:
   `uniform:LO:HI`, `lognormal:MEDIAN:SIGMA` (clipped to [8, seq]) or `fixed:N`. Both
   variants process exactly those documents; every shape is compiled and run once before
-  the timed passes (`--passes`, best pass reported).
+  the timed passes (`--passes`; packed and padded passes alternate, so a slow spell of
+  the machine hits both; best pass reported, and the median of the back-to-back pairs).
 
 - loop: see launch/bench/loop.py (the real trainer loop by phase, CPU time and page
   faults, next to a same-work transformers loop). Every mode runs with the host

@@ -100,5 +100,10 @@ def format_report(r: Dict[str, Any]) -> str:
       lines.append(f"{name:10}{v['batches']:>9}{100 * v['fill']:>7.1f}%{v['time_s']:>10.2f}s"
                    f"{v['real_tokens_per_s']:>13,.0f}{v['slot_tokens_per_s']:>13,.0f}"
                    f"{_fmt_mfu(v['mfu']):>8}")
-    lines.append(f"ratio packed/padded (real tokens/s): {r['ratio_real_tokens_per_s']:.2f}x")
+    paired = ""
+    if "ratio_paired_median" in r:
+      paired = (f"; {r['ratio_paired_median']:.2f}x the median of the {len(r['pass_ratios'])} "
+                f"back-to-back pass pairs ({', '.join(f'{x:.2f}' for x in r['pass_ratios'])})")
+    lines.append(f"ratio packed/padded (real tokens/s): {r['ratio_real_tokens_per_s']:.2f}x "
+                 f"best vs best{paired}")
   return "\n".join(lines)

@@ -131,9 +131,21 @@ def test_train_step_against_transformers_with_gathered_mlm_positions():
   assert r["config"]["objective"]["max_predictions"] == 6
 
 
-def test_packed_vs_padded():
+def test_packed_vs_padded(monkeypatch):
+  from launch.bench import runs
+  calls, step = [], runs.Ours.step
+  monkeypatch.setattr(runs.Ours, "step", lambda self, b: calls.append(id(b)) or step(self, b))
   r = bench.bench_packed(_config(), "lognormal:10:0.6", "forward", batch=8, seq=32, iters=8,
-                         pad_multiple=16, passes=1)
+                         pad_multiple=16, passes=2)
+  # every batch once to compile (packed, then padded); then the timed passes alternate
+  # packed, padded, packed, padded, so that both layouts see the same machine
+  n_packed, n_padded = r["packed"]["batches"], r["padded"]["batches"]
+  warm, timed = calls[:n_packed + n_padded], calls[n_packed + n_padded:]
+  assert timed == warm * 2
+  assert len(r["pass_ratios"]) == 2 and r["ratio_paired_median"] > 0
+  for ratio, a, b in zip(r["pass_ratios"], r["padded"]["pass_times_s"],
+                         r["packed"]["pass_times_s"]):
+    assert ratio == pytest.approx(a / b, rel=0.05)  # pass times are rounded to 0.1 ms
   assert r["packed"]["fill"] > r["padded"]["fill"]
   assert r["packed"]["batches"] <= r["padded"]["batches"]
   assert r["ratio_real_tokens_per_s"] > 0
@@ -142,6 +154,7 @@ def test_packed_vs_padded():
     assert r[name]["mfu"] == pytest.approx(r[name]["flops_per_s"]
                                            / r["peak_flops_per_device"])
   assert "packed/padded" in bench.format_report(r)
+  assert "median of the 2 back-to-back pass pairs" in bench.format_report(r)
 
 
 def test_cli(tmp_path):
