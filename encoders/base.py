@@ -74,22 +74,34 @@ def resolve_attention(cfg, platform, seq_len=None) -> str:
   `seq_len` (Splash on TPU when the length allows, cuDNN on GPU, "cpu" on the CPU), in
   place; returns the choice and its reason as one line for the run's log. A family with
   relative attention (DeBERTa) also resolves `relative_impl: auto` (relative.choose_impl:
-  the fused Pallas kernel on TPU when the length allows)."""
+  the fused Pallas kernel on TPU when the length allows). On TPU without a length (a
+  model built before its inputs are known, e.g. by `encoders.from_hf`), an "auto" that
+  only the length decides stays "auto": each call then picks for its own length."""
   line = ""
+  dropout = float(cfg.get("attention_probs_dropout_prob", 0.0) or 0.0)
   if cfg.get("relative_impl") == "auto":
-    from encoders.layers import relative
-    impl, reason = relative.choose_impl(
-        platform, seq_len, float(cfg.get("attention_probs_dropout_prob", 0.0) or 0.0))
-    cfg.relative_impl = impl
-    line = f"; relative attention: auto -> {impl}: {reason}"
+    from encoders.layers import relative, relative_kernel
+    impl, reason = relative.choose_impl(platform, seq_len, dropout)
+    if platform == "tpu" and not seq_len and relative.choose_impl(
+        platform, relative_kernel.BLOCK, dropout)[0] == "fused":
+      line = ("; relative attention: auto, chosen at each call from its sequence length "
+              "(TPU, the length is not known when the model is built)")
+    else:
+      cfg.relative_impl = impl
+      line = f"; relative attention: auto -> {impl}: {reason}"
   if cfg.get("attention_impl") != "auto":
     return f"attention: {cfg.get('attention_impl')} (set in the config){line}"
-  from encoders.layers import attention
+  from encoders.layers import attention, kernels
   heads = cfg.get("num_attention_heads")
-  impl, reason = attention.choose_impl(
-      platform, seq_len, float(cfg.get("attention_probs_dropout_prob", 0.0) or 0.0),
-      _dtype_for(cfg.get("dtype", "auto"), platform), cfg.hidden_size // heads if heads else None,
-      cfg.get("family", "bert"))
+  args = (dropout, _dtype_for(cfg.get("dtype", "auto"), platform),
+          cfg.hidden_size // heads if heads else None, cfg.get("family", "bert"))
+  impl, reason = attention.choose_impl(platform, seq_len, *args)
+  if platform == "tpu" and not seq_len and attention.choose_impl(
+      platform, min(kernels.SPLASH_BLOCKS), *args)[0] == "splash":
+    # only the length is missing (e.g. encoders.from_hf): each call picks for its own
+    # length, Splash when it is a multiple of the block (encoders.layers.attention)
+    return ("attention: auto, chosen at each call from its sequence length (TPU, the "
+            f"length is not known when the model is built){line}")
   cfg.attention_impl = impl
   return f"attention: auto -> {impl}: {reason}{line}"
 

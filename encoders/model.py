@@ -70,8 +70,9 @@ class Encoder(nn.Module):
 
   def attention_inputs(self, attention_mask, segment_ids, position_ids) -> layers.AttentionInputs:
     """The per-layer attention inputs: by default the global mask (segment ids straight
-    to the kernel for splash, which never builds a (T,T) mask) and the positions."""
-    if self.config.get("attention_impl") == "splash":
+    to the kernel for splash, which never builds a (T,T) mask; also for "auto" still
+    undecided, which may pick splash at call time) and the positions."""
+    if self.config.get("attention_impl") in ("splash", "auto"):
       mask = layers.segment_mask(attention_mask, segment_ids)
     else:
       mask = layers.make_attention_mask(attention_mask, segment_ids)

@@ -214,7 +214,7 @@ class ModernBert(model.Encoder):
   def attention_inputs(self, attention_mask, segment_ids, position_ids):
     c = self.config
     w = c.local_attention
-    if c.attention_impl in ("splash", "xla", "cudnn"):
+    if c.attention_impl in ("splash", "xla", "cudnn", "auto"):
       # segment ids: splash never builds a (T,T) mask; dot_product_attention gets the
       # window as local_window_size
       mask = layers.segment_mask(attention_mask, segment_ids)

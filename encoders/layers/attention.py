@@ -1,6 +1,7 @@
 """Multi-head self-attention over the shared kernels, reading its per-layer inputs from an
 `AttentionInputs` struct."""
 import functools
+import logging
 from typing import Optional, Tuple
 
 import flax.linen as nn
@@ -69,6 +70,29 @@ def choose_impl(platform: str, seq_len: Optional[int] = None, dropout_rate: floa
   return "xla", f"{platform}: jax.nn.dot_product_attention"
 
 
+_LOGGED = set()
+
+
+def log_call_choice(what: str, seq_len: int, choice: str, reason: str) -> None:
+  """Logs a choice made while tracing (once per what, choice and length)."""
+  if (what, choice, seq_len) not in _LOGGED:
+    _LOGGED.add((what, choice, seq_len))
+    logging.getLogger("encoder_zoo").info("%s: auto at sequence length %d -> %s: %s", what,
+                                          seq_len, choice, reason)
+
+
+def call_time_impl(impl: str, seq_len: int, dropout_rate: float, dtype, head_dim: int) -> str:
+  """`impl`; "auto" is still there when the model was built for TPU without knowing the
+  sequence length (`encoders.base.resolve_attention`, e.g. `encoders.from_hf`): then it
+  is `choose_impl`'s pick for this call's length on the backend that runs it, logged."""
+  if impl != "auto":
+    return impl
+  choice, reason = choose_impl(jax.default_backend(), seq_len, dropout_rate,
+                               jnp.dtype(dtype).name, head_dim)
+  log_call_choice("attention", seq_len, choice, reason)
+  return choice
+
+
 class MultiHeadAttention(nn.Module):
   """x (B,T,D), inputs: AttentionInputs -> (B,T,D).
 
@@ -123,7 +147,9 @@ class MultiHeadAttention(nn.Module):
     the module's."""
     scale = self.scale if scale is None else scale
     use_dropout = not deterministic and self.dropout_rate > 0.0
-    if self.impl == "splash":
+    impl = call_time_impl(self.impl, q.shape[1], self.dropout_rate if use_dropout else 0.0,
+                          self.dtype, q.shape[-1])
+    if impl == "splash":
       if use_dropout:
         raise ValueError("attention_impl='splash' has no attention-probability dropout; set "
                          "attention_probs_dropout_prob=0 (or use attention_impl='xla')")
@@ -140,15 +166,15 @@ class MultiHeadAttention(nn.Module):
         mask = mask.dense()
       dropout_fn = ((lambda p: self.attn_dropout(p, deterministic=False)) if use_dropout
                     else None)
-      if self.impl == "cpu":
+      if impl == "cpu":
         ctx = kernels.attention_head_major(q, k, v, mask, bias, scale, dropout_fn)
-      elif self.impl == "einsum" or use_dropout or (bias is not None and scale is not None):
+      elif impl == "einsum" or use_dropout or (bias is not None and scale is not None):
         ctx = kernels.attention_scores_einsum(q, k, v, mask, bias, scale, dropout_fn)
-      elif self.impl in ("xla", "cudnn"):
+      elif impl in ("xla", "cudnn"):
         ctx = jax.nn.dot_product_attention(
             q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
-            scale=scale, implementation=self.impl,
+            scale=scale, implementation=impl,
             local_window_size=(window // 2, window // 2) if window else None)
       else:
-        raise ValueError(f"unknown attention impl {self.impl!r}; use one of {IMPLS}")
+        raise ValueError(f"unknown attention impl {impl!r}; use one of {IMPLS}")
     return constrain(ctx, ("act_batch", "act_len", "act_heads", "act_kv"))

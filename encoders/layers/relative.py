@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from encoders.layers import relative_kernel
+from encoders.layers import attention, relative_kernel
 from encoders.layers.attention import MultiHeadAttention
 from encoders.layers.core import Dense
 from encoders.layers.dropout import Dropout
@@ -272,9 +272,15 @@ class DisentangledAttention(MultiHeadAttention):
         pk = (self.key if self.share_att_key else self.pos_key)(rel) * scale
       if "p2c" in self.pos_att_type:
         pq = (self.query if self.share_att_key else self.pos_query)(rel) * scale
+      rel_impl = self.rel_impl
+      if rel_impl == "auto":  # built for TPU without knowing the length: chosen per call
+        rel_impl, reason = choose_impl(
+            jax.default_backend(), q.shape[1],
+            0.0 if deterministic else float(self.dropout_rate))
+        attention.log_call_choice("relative attention", q.shape[1], rel_impl, reason)
       # init may trace any length (e.g. 8 tokens); the kernel has no parameters of its own,
       # so initialisation takes the shift formulation, which creates the same ones
-      if self.rel_impl == "fused" and not self.is_initializing():
+      if rel_impl == "fused" and not self.is_initializing():
         if not deterministic and self.dropout_rate > 0.0:
           raise ValueError("relative_impl='fused' has no attention-probability dropout; set "
                            "attention_probs_dropout_prob=0 (or relative_impl='shift')")
@@ -287,7 +293,7 @@ class DisentangledAttention(MultiHeadAttention):
         ctx = relative_kernel.fused_relative_attention(
             q, k, v, pk, pq, dist, seg, scale)
         return self.out(ctx)
-      if self.rel_impl == "headmajor":
+      if rel_impl == "headmajor":
         mask = inputs.mask_of(self.mask_kind)
         if isinstance(mask, SegmentMask):
           mask = mask.dense()
@@ -300,7 +306,7 @@ class DisentangledAttention(MultiHeadAttention):
         return self.out(ctx)
       bias = relative_scores(q, k, pk, pq, self.pos_att_type,
                              (self.span, self.position_buckets, self.max_relative_positions),
-                             "shift" if self.rel_impl == "fused" else self.rel_impl,
+                             "shift" if rel_impl == "fused" else rel_impl,
                              self.rel_block)
     ctx = self.attend(q, k, v, inputs.mask_of(self.mask_kind), bias, deterministic,
                       scale=scale)

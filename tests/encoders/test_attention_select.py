@@ -96,3 +96,74 @@ def test_auto_on_tpu_lowers_the_model_to_the_splash_kernel():
   text = jax.jit(model.apply).trace(params, ids, ids).lower(
       lowering_platforms=("tpu",)).as_text()
   assert "tpu_custom_call" in text
+
+
+def test_tpu_without_a_length_leaves_the_choice_to_each_call():
+  """A model built for TPU before its inputs are known (encoders.from_hf) keeps `auto`
+  where only the length decides; where something else rules the kernel out it is
+  decided now, as before."""
+  cfg = _model_cfg("base")
+  line = base.resolve_attention(cfg, "tpu", None)
+  assert cfg.attention_impl == "auto" and "chosen at each call" in line
+  cfg = _model_cfg("tiny")  # attention dropout 0.1: not Splash whatever the length
+  assert "dropout" in base.resolve_attention(cfg, "tpu", None)
+  assert cfg.attention_impl == "xla"
+  from configs import deberta as deberta_configs
+  cfg = ml_collections.ConfigDict(deberta_configs.get_config("base").model.to_dict())
+  line = base.resolve_attention(cfg, "tpu", None)
+  assert cfg.relative_impl == "auto" and "relative attention: auto, chosen at each" in line
+  assert cfg.attention_impl == "xla"  # DeBERTa's scores carry a bias: never Splash
+  cfg = ml_collections.ConfigDict(deberta_configs.get_config("base").model.to_dict())
+  base.resolve_attention(cfg, "cpu", None)
+  assert cfg.relative_impl == "shift" and cfg.attention_impl == "cpu"
+
+
+def _tiny_auto(family_config, **overrides):
+  cfg = ml_collections.ConfigDict(family_config.get_config("tiny").model.to_dict())
+  cfg.update({"attention_probs_dropout_prob": 0.0, "vocab_size": 512, "dtype": "bfloat16",
+              **overrides})
+  base.resolve_attention(cfg, "tpu", None)
+  return cfg
+
+
+def _lowered_for_tpu(cfg, t):
+  model = encoders.build(cfg)
+  ids = jnp.ones((2, t), jnp.int32)
+  params = jax.eval_shape(model.init, jax.random.PRNGKey(0), ids, ids)
+  return jax.jit(model.apply).trace(params, ids, ids).lower(
+      lowering_platforms=("tpu",)).as_text()
+
+
+def test_auto_left_to_the_call_picks_splash_by_the_length_on_tpu(monkeypatch, caplog):
+  cfg = _tiny_auto(bert_configs)
+  assert cfg.attention_impl == "auto"
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")  # the host that traces it
+  attention._LOGGED.clear()
+  with caplog.at_level(logging.INFO, logger="encoder_zoo"):
+    assert "tpu_custom_call" in _lowered_for_tpu(cfg, 128)
+    assert "tpu_custom_call" not in _lowered_for_tpu(cfg, 96)  # jax.nn's attention
+  said = [r.getMessage() for r in caplog.records]
+  assert any("auto at sequence length 128 -> splash" in m for m in said), said
+  assert any("auto at sequence length 96 -> xla" in m for m in said), said
+
+
+def test_auto_left_to_the_call_runs_the_cpu_kernel_on_the_cpu():
+  cfg = _tiny_auto(bert_configs, dtype="float32")
+  assert cfg.attention_impl == "auto"
+  fixed = ml_collections.ConfigDict(cfg.to_dict())
+  fixed.attention_impl = "cpu"
+  ids = jnp.asarray(np.random.RandomState(0).randint(5, 500, (2, 24)), jnp.int32)
+  mask = jnp.ones_like(ids).at[1, 17:].set(0)
+  a, b = encoders.build(cfg), encoders.build(fixed)
+  params = a.init(jax.random.PRNGKey(0), ids, mask)
+  np.testing.assert_array_equal(np.asarray(a.apply(params, ids, mask).last_hidden_state),
+                                np.asarray(b.apply(params, ids, mask).last_hidden_state))
+
+
+def test_deberta_relative_auto_left_to_the_call_takes_the_fused_kernel_on_tpu(monkeypatch):
+  from configs import deberta as deberta_configs
+  cfg = _tiny_auto(deberta_configs)
+  assert cfg.relative_impl == "auto"
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+  assert "deberta_rel_fwd" in _lowered_for_tpu(cfg, 128)
+  assert "deberta_rel_fwd" not in _lowered_for_tpu(cfg, 96)  # the shift formulation
