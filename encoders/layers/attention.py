@@ -73,11 +73,20 @@ def choose_impl(platform: str, seq_len: Optional[int] = None, dropout_rate: floa
 _LOGGED = set()
 
 
-def log_call_choice(what: str, seq_len: int, choice: str, reason: str) -> None:
+def concrete_length(seq_len) -> Optional[int]:
+  """The traced length as an int; None for a symbolic one (jax.export's dynamic length),
+  which no kernel choice can depend on."""
+  try:
+    return int(seq_len)
+  except Exception:  # noqa: BLE001 - jax's symbolic dimensions raise their own error type
+    return None
+
+
+def log_call_choice(what: str, seq_len, choice: str, reason: str) -> None:
   """Logs a choice made while tracing (once per what, choice and length)."""
   if (what, choice, seq_len) not in _LOGGED:
     _LOGGED.add((what, choice, seq_len))
-    logging.getLogger("encoder_zoo").info("%s: auto at sequence length %d -> %s: %s", what,
+    logging.getLogger("encoder_zoo").info("%s: auto at sequence length %s -> %s: %s", what,
                                           seq_len, choice, reason)
 
 
@@ -87,6 +96,7 @@ def call_time_impl(impl: str, seq_len: int, dropout_rate: float, dtype, head_dim
   is `choose_impl`'s pick for this call's length on the backend that runs it, logged."""
   if impl != "auto":
     return impl
+  seq_len = concrete_length(seq_len)
   choice, reason = choose_impl(jax.default_backend(), seq_len, dropout_rate,
                                jnp.dtype(dtype).name, head_dim)
   log_call_choice("attention", seq_len, choice, reason)

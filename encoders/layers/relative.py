@@ -274,10 +274,10 @@ class DisentangledAttention(MultiHeadAttention):
         pq = (self.query if self.share_att_key else self.pos_query)(rel) * scale
       rel_impl = self.rel_impl
       if rel_impl == "auto":  # built for TPU without knowing the length: chosen per call
+        t = attention.concrete_length(q.shape[1])
         rel_impl, reason = choose_impl(
-            jax.default_backend(), q.shape[1],
-            0.0 if deterministic else float(self.dropout_rate))
-        attention.log_call_choice("relative attention", q.shape[1], rel_impl, reason)
+            jax.default_backend(), t, 0.0 if deterministic else float(self.dropout_rate))
+        attention.log_call_choice("relative attention", t, rel_impl, reason)
       # init may trace any length (e.g. 8 tokens); the kernel has no parameters of its own,
       # so initialisation takes the shift formulation, which creates the same ones
       if rel_impl == "fused" and not self.is_initializing():

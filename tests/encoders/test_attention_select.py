@@ -167,3 +167,15 @@ def test_deberta_relative_auto_left_to_the_call_takes_the_fused_kernel_on_tpu(mo
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
   assert "deberta_rel_fwd" in _lowered_for_tpu(cfg, 128)
   assert "deberta_rel_fwd" not in _lowered_for_tpu(cfg, 96)  # the shift formulation
+
+
+def test_a_symbolic_length_left_to_the_call_gets_the_length_free_kernel(monkeypatch):
+  """jax.export's dynamic length (a symbolic dimension) has no value to choose by: the
+  call then takes what an unknown length gets, instead of failing on the symbol."""
+  from encoders.layers import relative
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+  t, = jax.export.symbolic_shape("t")
+  assert attention.concrete_length(t) is None and attention.concrete_length(256) == 256
+  assert attention.call_time_impl("auto", t, 0.0, jnp.bfloat16, 64) == "xla"
+  assert attention.call_time_impl("auto", 256, 0.0, jnp.bfloat16, 64) == "splash"
+  assert relative.choose_impl("tpu", attention.concrete_length(t))[0] == "shift"
