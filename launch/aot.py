@@ -151,10 +151,11 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
                        mesh_shape: Optional[Sequence[int]] = None,
                        hbm_gib: Optional[float] = None,
                        kernel_efficiency: float = kernel_cost.DEFAULT_EFFICIENCY,
-                       breakdown: bool = False) -> Dict[str, Any]:
+                       breakdown: int = 0) -> Dict[str, Any]:
   """Builds, lowers and compiles the train step for `topology`; returns the report.
-  `breakdown`: also report where XLA's part of the time goes, op by op
-  (launch/op_costs.py), from the program XLA priced (the twin, when there is one)."""
+  `breakdown` N > 0: also report where XLA's part of the time goes, op by op
+  (launch/op_costs.py), from the program XLA priced (the twin, when there is one); the
+  text report shows the N largest groups."""
   import ml_collections
   from encoders import base
   from launch import trainer
@@ -228,8 +229,9 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
                    "elementwise stand-in (same inputs and output); the kernels by roofline")
     if notes:
       report["estimate_notes"] = notes
-    if breakdown:
+    if breakdown > 0:
       report["breakdown"] = op_costs.breakdown(priced_hlo)
+      report["breakdown_top"] = breakdown
     if est is not None and est > 0:
       report["xla_priced_s"] = est
       report["free_custom_calls"] = free_custom_calls(priced_hlo)
@@ -431,8 +433,7 @@ def main(argv):
   try:
     mesh = parse_mesh(F.mesh) if F.mesh else None
     report = compile_train_step(F.config, F.topology, F.global_batch, F.seq, mesh,
-                                F.hbm_gib or None, F.kernel_efficiency, F.breakdown > 0)
-    report["breakdown_top"] = F.breakdown
+                                F.hbm_gib or None, F.kernel_efficiency, F.breakdown)
   except AotError as e:
     print(f"error: {e}", file=sys.stderr)
     return EXIT_USAGE

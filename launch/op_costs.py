@@ -15,7 +15,8 @@ BERT-base's v5p step the cycles come to ~1.3x more, and hidden dropout's Threefr
 ~15% of the cycles but ~1% of `optimal_seconds`). So the breakdown gives each group's
 share of the summed cycles, to say what dominates and what a change moved, and is not a
 second step time. Ops inside a while loop's body (scan, accumulation) are not in the
-entry computation and are counted once, as XLA's own price counts them.
+entry computation and are not counted; `launch.aot` prices such steps on an unrolled
+twin, so the program it breaks down has none.
 """
 import collections
 import re

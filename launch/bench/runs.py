@@ -195,9 +195,9 @@ def bench_packed(config, spec: str, mode: str = "train", batch: int = 8, seq: in
         "slot_tokens_per_s": slots / best, "flops_per_s": flops / best}
   # the same documents on both sides: real tokens/s packed / padded = padded / packed time,
   # pass by pass (each pair back to back), as well as best against best (the headline)
-  result["pass_ratios"] = [round(a / b, 4) for a, b in zip(totals["padded"], totals["packed"])]
-  result["ratio_paired_median"] = _median([a / b for a, b in
-                                           zip(totals["padded"], totals["packed"])])
+  pairs = [a / b for a, b in zip(totals["padded"], totals["packed"])]
+  result["pass_ratios"] = [round(x, 4) for x in pairs]
+  result["ratio_paired_median"] = _median(pairs)
   result.update(run_peak(peak(config), before, _cpu_rates(config, False)))
   pk = result["peak_flops_per_device"]
   for name in layouts:
