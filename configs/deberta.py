@@ -14,6 +14,11 @@ LayerNorm-ed relative embeddings, no absolute positions, 128k vocabulary.
 Table 9 of the appendix: batch 2k, learning rate 2e-4, 10k warmup steps, 1M steps, length
 512, Adam eps 1e-6, weight decay 0.01).
 
+`v1-<size>` (tiny, base, large, xlarge): the same MLM recipe on the DeBERTa v1 architecture
+(family "deberta", transformers' `Deberta*`: no buckets, distances clipped at
+max_position_embeddings, separate position projections, no key biases; a 50k vocabulary
+for the released sizes), e.g. to continue from microsoft/deberta-base.
+
 TPU recipe (every size but tiny): attention_probs_dropout_prob = 0 (the papers use 0.1), as
 BERT's TPU recipe, ModernBERT and MosaicBERT train, so `relative_impl: auto` runs the fused
 relative-attention Pallas kernel on TPU (encoders/layers/relative_kernel.py: it never forms
@@ -36,7 +41,8 @@ from configs import common, electra
 from encoders import deberta
 
 SIZES = tuple(deberta.VARIANTS)
-VARIANTS = SIZES + tuple(f"v3-{s}" for s in SIZES)
+V1_SIZES = tuple(deberta.V1_VARIANTS)
+VARIANTS = SIZES + tuple(f"v3-{s}" for s in SIZES) + tuple(f"v1-{s}" for s in V1_SIZES)
 V3_LR = {"xsmall": 6e-4, "small": 6e-4, "base": 6e-4, "large": 3e-4}
 
 
@@ -44,10 +50,10 @@ def get_config(arg="base"):
   a = common.parse_arg(arg, variant="base", sharing="gdes")
   if a.variant not in VARIANTS:
     raise ValueError(f"unknown DeBERTa variant {a.variant!r}; choose from {list(VARIANTS)}")
-  v3 = a.variant.startswith("v3-")
-  size = a.variant[len("v3-"):] if v3 else a.variant
+  v3, v1 = a.variant.startswith("v3-"), a.variant.startswith("v1-")
+  size = a.variant[3:] if v3 or v1 else a.variant
   c = common.base_config()
-  c.model = deberta.defaults(size)
+  c.model = deberta.defaults_v1(size) if v1 else deberta.defaults(size)
   c.objective.name = "mlm"
   c.objective.max_predictions = -1  # auto: ceil(0.15 * seq_len)
   c.data.packing = "documents"
@@ -58,7 +64,8 @@ def get_config(arg="base"):
     raise ValueError("sharing= applies to the v3-* (RTD) variants only")
   if size == "tiny":
     # A CPU run beside BERT tiny's (same data size, batch, schedule and steps).
-    c.model.position_buckets = 64
+    if not v1:  # v1 has no buckets: its distances clip at max_position_embeddings
+      c.model.position_buckets = 64
     c.data.seq_len = 128
     c.data.global_batch = 32
     c.tokenizer.vocab_size = 8000
@@ -96,7 +103,7 @@ def get_config(arg="base"):
     c.model.attention_probs_dropout_prob = 0.0  # the TPU recipe: see the docstring
     c.data.seq_len = 512
     c.data.global_batch = 2048
-    c.tokenizer.vocab_size = 128000
+    c.tokenizer.vocab_size = 50265 if v1 else 128000
     c.optimizer.learning_rate = 2e-4
     c.optimizer.warmup_steps = 10_000
     c.optimizer.eps = 1e-6

@@ -1,5 +1,6 @@
-"""DeBERTa v2 and v3 (He et al. 2021; He, Gao and Chen 2023) on the generic encoder:
-transformers' `DebertaV2*` behaviour.
+"""DeBERTa v1, v2 and v3 (He et al. 2021; He, Gao and Chen 2023) on the generic encoder:
+transformers' `DebertaV2*` behaviour (family "deberta-v2") and `Deberta*` (family
+"deberta", v1: the end of this docstring).
 
 - Disentangled attention (`layers.DisentangledAttention`): content-to-content plus the
   c2p / p2c relative terms named in `pos_att_type`, scores scaled by
@@ -25,6 +26,14 @@ transformers' `DebertaV2*` behaviour.
 Padding: transformers masks every key of a padding query (its softmax is then uniform);
 here a padding query attends the real keys (layers.make_attention_mask). Outputs at real
 positions are identical; outputs at padding positions are not meaningful in either.
+
+DeBERTa v1 (microsoft/deberta-base, -large, -xlarge) is the v2 model without its later
+additions: no log buckets (distances clip at `max_relative_positions`), no LayerNorm on
+the relative table, no shared attention keys, no convolution, a 50k BPE vocabulary. Its
+attention differs in two biases: the key projection has none (transformers' fused
+`in_proj` has none, and only `q_bias` / `v_bias` are added), and neither does `pos_key`
+(its `pos_proj`). Everything else (the c2p / p2c terms, their scaling, the embeddings, the
+MLM heads, the ContextPooler) is the same math as v2's, so v1 reuses this family's parts.
 """
 import functools
 
@@ -84,6 +93,35 @@ def defaults(variant: str = "base") -> ml_collections.ConfigDict:
   return m
 
 
+# v1 sizes (the released microsoft/deberta-* configs): layers, hidden, heads, MLP width.
+V1_VARIANTS = {
+    "tiny": (2, 128, 2, 512),
+    "base": (12, 768, 12, 3072),
+    "large": (24, 1024, 16, 4096),
+    "xlarge": (48, 1024, 16, 4096),
+}
+
+
+def defaults_v1(variant: str = "base") -> ml_collections.ConfigDict:
+  """The model section of a DeBERTa v1 config (HF DebertaConfig's names; the values of
+  microsoft/deberta-base's config.json at the released sizes)."""
+  n_layers, hidden, n_heads, width = V1_VARIANTS[variant]
+  m = defaults("base")
+  m.family = "deberta"
+  m.variant = variant
+  m.vocab_size = 50265
+  m.embedding_size = hidden
+  m.hidden_size = hidden
+  m.num_hidden_layers = n_layers
+  m.num_attention_heads = n_heads
+  m.intermediate_size = width
+  m.position_buckets = -1
+  m.pos_att_type = ("c2p", "p2c")
+  m.share_att_key = False
+  m.norm_rel_ebd = "none"
+  return m
+
+
 def max_relative(cfg) -> int:
   return cfg.max_relative_positions if cfg.max_relative_positions >= 1 else \
       cfg.max_position_embeddings
@@ -107,6 +145,15 @@ def validate(cfg):
     raise ValueError("hidden_size must be a multiple of num_attention_heads")
   if cfg.conv_kernel_size > 0 and cfg.conv_kernel_size % 2 == 0:
     raise ValueError(f"conv_kernel_size={cfg.conv_kernel_size} must be odd (same padding)")
+  if cfg.get("family") == "deberta":
+    v2_only = {"position_buckets": cfg.position_buckets > 0,
+               "share_att_key": bool(cfg.share_att_key),
+               "norm_rel_ebd": cfg.norm_rel_ebd != "none",
+               "conv_kernel_size": cfg.conv_kernel_size > 0}
+    used = sorted(k for k, on in v2_only.items() if on)
+    if used:
+      raise ValueError(f"DeBERTa v1 (family 'deberta') has no {used}: those are DeBERTa "
+                       "v2/v3 features (family 'deberta-v2')")
   if cfg.conv_kernel_size > 0 and cfg.get("scan_layers", False):
     raise ValueError("scan_layers needs identical layers; DeBERTa v2's convolution makes the "
                      "first layer differ (set conv_kernel_size=0 or scan_layers=False)")
@@ -188,6 +235,7 @@ class Deberta(model.Encoder):
   """DeBERTa v2/v3: disentangled attention over a shared relative table, post-LN layers."""
   defaults = staticmethod(defaults)
   forward_flops = staticmethod(forward_flops)
+  V1 = False  # DeBERTa v1's attention: no key or pos_key bias
 
   @staticmethod
   def task_heads(cfg) -> tasks.TaskHeads:
@@ -235,7 +283,7 @@ class Deberta(model.Encoder):
         relative_attention=c.relative_attention, span=span(c),
         position_buckets=c.position_buckets, max_relative_positions=max_relative(c),
         pos_dropout_rate=c.hidden_dropout_prob, rel_impl=c.relative_impl,
-        rel_block=c.relative_block)
+        rel_block=c.relative_block, key_bias=not self.V1, pos_key_bias=not self.V1)
     mlp = functools.partial(layers.Mlp, c.intermediate_size, c.hidden_size, c.hidden_act,
                             init_std=std, dtype=dtype)
     norm = functools.partial(layers.LayerNorm, c.layer_norm_eps, dtype=dtype)
@@ -263,3 +311,11 @@ class Deberta(model.Encoder):
                                            c.pooler_hidden_act, std, dtype),
                "mlm": functools.partial(heads.MlmHead, c.vocab_size, c.embedding_size,
                                         c.hidden_act, c.layer_norm_eps, std, dtype)})
+
+
+@base.register_family("deberta")
+class DebertaV1(Deberta):
+  """DeBERTa v1 (transformers' `Deberta*`): v2's parts without the key and pos_key biases,
+  and only v1's options (`validate`)."""
+  defaults = staticmethod(defaults_v1)
+  V1 = True

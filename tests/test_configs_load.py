@@ -90,6 +90,12 @@ def test_deberta_recipe_and_ablations_load_and_build():
   assert base.model.position_buckets > 0 and len(base.model.pos_att_type) == 2
   with pytest.raises(ValueError, match="v3-"):
     ablations.get_config("tiny,setting=share_tied")
+  for size in deberta.V1_SIZES:
+    v1 = deberta.get_config(f"v1-{size}").model
+    assert v1.family == "deberta" and v1.position_buckets <= 0 and not v1.share_att_key
+    if size == "tiny":
+      jax.eval_shape(lambda m=encoders.build(v1): encoders.init_params(
+          m, jax.random.PRNGKey(0)))
   v3 = deberta.get_config("v3-base")
   assert (v3.objective.name, v3.objective.sharing, v3.objective.generator_depth,
           v3.objective.generator_width) == ("rtd", "gdes", 0.5, 1.0)

@@ -1,6 +1,11 @@
-"""DeBERTa v2/v3 <-> Hugging Face (model_type "deberta-v2": DebertaV2Model,
-DebertaV2ForMaskedLM; the task models through `task_hf`). DeBERTa v1 (model_type
-"deberta") is a different model, which has no mapping."""
+"""DeBERTa <-> Hugging Face: v2/v3 (model_type "deberta-v2": DebertaV2Model,
+DebertaV2ForMaskedLM) and v1 (model_type "deberta": DebertaModel, DebertaForMaskedLM);
+the task models of both through `task_hf`.
+
+v1 differs in its attention's tensors: one fused `in_proj` (3D, D) without bias, whose rows
+are per head its query, key and value rows side by side (a grouped split rule), the biases
+`q_bias` and `v_bias` (the key has none), and `pos_proj` (c2p, no bias) / `pos_q_proj`
+(p2c) for v2's `pos_key_proj` / `pos_query_proj`."""
 from encoders import deberta as deberta_family
 from encoders import tasks
 from encoders.hf import (Mapping, PerLayer, Rule, layer_indices, refuse_unknown,
@@ -141,3 +146,67 @@ class DebertaMapping(Mapping):
             Rule("mlm/norm/bias", f"{p}.{norm}.bias", base=False),
             Rule("mlm/bias", f"{p}.bias", base=False, vocab=True)]
     return r
+
+
+_V1_CONSUMED = tuple(k for k in _CONSUMED if k not in (
+    "position_buckets", "share_att_key", "norm_rel_ebd", "conv_kernel_size", "conv_act"))
+_V1_REQUIRED = dict(_REQUIRED, talking_head=False)
+_V1_REQUIRED.pop("conv_groups")
+
+
+@register_mapping
+class DebertaV1Mapping(DebertaMapping):
+  model_types = ("deberta",)
+  architectures = {
+      "DebertaModel": ("", ()),
+      "DebertaForMaskedLM": ("deberta", ("mlm",)),
+  }
+
+  def task_hf(self, cfg, task):
+    """Deberta{SequenceClassification, TokenClassification, QuestionAnswering}."""
+    v2 = super().task_hf(cfg, task)
+    return tasks.TaskHF(v2.architecture.replace("DebertaV2", "Deberta"), v2.modules)
+
+  def config_from_hf(self, hf, heads):
+    hf = dict(hf)
+    refuse_unknown({k: v for k, v in hf.items() if k not in (
+        "pooler_hidden_size", "attention_head_size", "pooler_dropout")},
+        _V1_CONSUMED, _V1_REQUIRED)
+    hf.pop("talking_head", None)
+    hf.update(model_type="deberta-v2", position_buckets=-1, share_att_key=False,
+              norm_rel_ebd="none", conv_kernel_size=0)
+    m = super().config_from_hf(hf, heads)
+    m.family = "deberta"
+    deberta_family.validate(m)
+    return m
+
+  def config_to_hf(self, cfg):
+    hf, arch = super().config_to_hf(cfg)
+    for key in ("position_buckets", "share_att_key", "norm_rel_ebd", "conv_kernel_size",
+                "conv_act"):
+      hf.pop(key)
+    hf["model_type"] = "deberta"
+    return hf, arch.replace("DebertaV2", "Deberta")
+
+  def rules(self, cfg):
+    d, h = cfg.hidden_size, cfg.num_attention_heads
+    qkv = (d, h, d // h)
+    v2 = super().rules(cfg)
+    per_layer = next(r for r in v2 if isinstance(r, PerLayer))
+    attn = "encoder.layer.{i}.attention.self"
+    layer = [r for r in per_layer.rules if ".attention.self." not in r.hf]
+    layer += [
+        Rule(tuple(f"encoder/layer_{{i}}/attention/{n}/kernel"
+                   for n in ("query", "key", "value")),
+             f"{attn}.in_proj.weight", "split", of="linear", shape=qkv, groups=h),
+        Rule("encoder/layer_{i}/attention/query/bias", f"{attn}.q_bias", shape=qkv[1:]),
+        Rule("encoder/layer_{i}/attention/value/bias", f"{attn}.v_bias", shape=qkv[1:])]
+    if cfg.relative_attention and "c2p" in cfg.pos_att_type:
+      layer.append(Rule("encoder/layer_{i}/attention/pos_key/kernel",
+                        f"{attn}.pos_proj.weight", "linear", shape=qkv))
+    if cfg.relative_attention and "p2c" in cfg.pos_att_type:
+      layer += [Rule("encoder/layer_{i}/attention/pos_query/kernel",
+                     f"{attn}.pos_q_proj.weight", "linear", shape=qkv),
+                Rule("encoder/layer_{i}/attention/pos_query/bias",
+                     f"{attn}.pos_q_proj.bias", shape=qkv[1:])]
+    return [PerLayer(layer, per_layer.indices) if r is per_layer else r for r in v2]

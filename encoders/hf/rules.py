@@ -41,6 +41,9 @@ class Rule:
     it (default: equal).
   compute, atol: "computed": `cfg -> np.ndarray` in HF layout; an imported tensor must
     equal it within `atol`, and export writes it.
+  groups: "split" only: the HF axis holds `groups` equal blocks, each with every part's
+    1/groups share side by side (DeBERTa v1's fused `in_proj`: per head, its q, k and v
+    rows); 1 (the default): the parts lie one after another.
   """
   ours: Union[str, Tuple[str, ...]]
   hf: Union[str, Tuple[str, ...]]
@@ -54,6 +57,7 @@ class Rule:
   sizes: Optional[Tuple[int, ...]] = None
   compute: Optional[Callable] = None
   atol: float = 1e-4
+  groups: int = 1
 
   @property
   def our_paths(self) -> Tuple[str, ...]:
@@ -137,6 +141,8 @@ def _validate(r: Rule):
       raise ValueError(f"HF mapping: {r.kind} parts of {r.hf!r} must be vector or linear")
     if r.vocab:
       raise ValueError(f"HF mapping: vocab padding is not supported on {r.kind} rules")
+  if r.groups != 1 and (r.kind != "split" or r.groups < 1):
+    raise ValueError(f"HF mapping: `groups` is for split rules, a positive count ({r.hf!r})")
   if r.sizes is not None and (r.kind != "concat" or len(r.sizes) != n_hf):
     raise ValueError(f"HF mapping: `sizes` is for concat rules, one per HF key ({r.hf!r})")
 
@@ -196,6 +202,39 @@ def _offsets(extents: Sequence[int]) -> List[int]:
   return list(np.cumsum(extents)[:-1])
 
 
+def _group_shares(r: Rule, extents: Sequence[int]) -> List[int]:
+  """Each part's rows within one of a grouped split's `groups` blocks."""
+  bad = [n for n in extents if n % r.groups]
+  if bad:
+    raise ValueError(f"HF mapping: the parts of {r.hf!r} ({list(extents)} along axis "
+                     f"{r.axis}) do not divide into {r.groups} groups")
+  return [n // r.groups for n in extents]
+
+
+def _ungroup(r: Rule, value: np.ndarray, extents: Sequence[int]) -> np.ndarray:
+  """A grouped split's HF tensor -> the same parts laid one after another along `axis`."""
+  if r.groups == 1:
+    return value
+  shares = _group_shares(r, extents)
+  v = np.moveaxis(value, r.axis, 0)
+  blocks = v.reshape((r.groups, sum(shares)) + v.shape[1:])
+  parts = np.split(blocks, _offsets(shares), axis=1)
+  flat = np.concatenate([p.reshape((-1,) + v.shape[1:]) for p in parts], axis=0)
+  return np.moveaxis(flat, 0, r.axis)
+
+
+def _regroup(r: Rule, value: np.ndarray, extents: Sequence[int]) -> np.ndarray:
+  """The inverse of `_ungroup`: parts one after another -> HF's grouped layout."""
+  if r.groups == 1:
+    return value
+  shares = _group_shares(r, extents)
+  v = np.moveaxis(value, r.axis, 0)
+  parts = np.split(v, _offsets(extents), axis=0)
+  blocks = np.concatenate([p.reshape((r.groups, n) + v.shape[1:])
+                           for p, n in zip(parts, shares)], axis=1)
+  return np.moveaxis(blocks.reshape(v.shape), 0, r.axis)
+
+
 # ---- import and export of one rule -------------------------------------------------------
 
 def import_rule(r: Rule, tensors: Dict[str, np.ndarray], expected: Dict[str, Shape],
@@ -219,7 +258,8 @@ def import_rule(r: Rule, tensors: Dict[str, np.ndarray], expected: Dict[str, Sha
     whole = list(parts[0])
     whole[r.axis] = sum(p[r.axis] for p in parts)
     value = _fetch(tensors, r.hf_keys[0], ", ".join(r.our_paths), tuple(whole))
-    pieces = np.split(value, _offsets([p[r.axis] for p in parts]), axis=r.axis)
+    extents = [p[r.axis] for p in parts]
+    pieces = np.split(_ungroup(r, value, extents), _offsets(extents), axis=r.axis)
     return {p: _to_ours(r.of, v, s) for p, v, s in zip(r.our_paths, pieces, shapes)}
   path = r.our_paths[0]
   ours = _our_shape(r, path, expected)
@@ -273,7 +313,8 @@ def export_rule(r: Rule, params: Dict[str, np.ndarray], cfg) -> Dict[str, np.nda
     return {r.hf_keys[0]: np.ascontiguousarray(np.asarray(r.compute(cfg), np.float32))}
   if r.kind == "split":
     parts = [_to_hf(r.of, get(p), r.n_in, declared) for p in r.our_paths]
-    return {r.hf_keys[0]: np.ascontiguousarray(np.concatenate(parts, axis=r.axis))}
+    whole = _regroup(r, np.concatenate(parts, axis=r.axis), [p.shape[r.axis] for p in parts])
+    return {r.hf_keys[0]: np.ascontiguousarray(whole)}
   value = get(r.our_paths[0])
   if r.kind == "concat":
     whole = _to_hf(r.of, value, r.n_in, declared)

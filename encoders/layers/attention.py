@@ -17,8 +17,9 @@ Array = jax.Array
 IMPLS = ("xla", "cudnn", "einsum", "cpu", "splash")
 
 # Families whose attention a fast kernel cannot run, and why (`choose_impl`).
-SPLASH_UNSUPPORTED = {"deberta-v2": "DeBERTa's relative position terms are an additive "
-                                    "score bias, which Splash does not take"}
+_DEBERTA_NOTE = ("DeBERTa's relative position terms are an additive score bias, which Splash "
+                 "does not take")
+SPLASH_UNSUPPORTED = {"deberta-v2": _DEBERTA_NOTE, "deberta": _DEBERTA_NOTE}
 CUDNN_UNSUPPORTED = {"modernbert": "cuDNN has no bidirectional local window (ModernBERT's "
                                    "local layers)"}
 
@@ -116,6 +117,8 @@ class MultiHeadAttention(nn.Module):
   "cpu" applies it itself, "xla"/"cudnn" then take the einsum path, and splash refuses it
   (set attention_probs_dropout_prob=0). A `SegmentMask` with a `local_window` reaches
   splash as a banded mask and "xla"/"cudnn" as `local_window_size` (with the dense mask).
+  `key_bias=False` drops the key projection's bias alone (DeBERTa v1 has query and value
+  biases only).
   """
   num_heads: int
   head_dim: int
@@ -128,11 +131,13 @@ class MultiHeadAttention(nn.Module):
   impl: str = "xla"
   init_std: float = 0.02
   dtype: Dtype = jnp.float32
+  key_bias: bool = True
 
   def setup(self):
     proj = functools.partial(Dense, (self.num_heads, self.head_dim), ("embed", "heads", "kv"),
                              use_bias=self.use_bias, init_std=self.init_std, dtype=self.dtype)
-    self.query, self.key, self.value = proj(name="query"), proj(name="key"), proj(name="value")
+    self.query, self.value = proj(name="query"), proj(name="value")
+    self.key = proj(name="key", use_bias=self.use_bias and self.key_bias)
     self.out = Dense((self.hidden_size,), ("heads", "kv", "embed"), use_bias=self.use_bias,
                      init_std=self.init_std, dtype=self.dtype)
     self.attn_dropout = Dropout(self.dropout_rate)

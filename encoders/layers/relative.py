@@ -227,7 +227,8 @@ class DisentangledAttention(MultiHeadAttention):
   layers. `share_att_key`: the relative table goes through this layer's own key (c2p) and
   query (p2c) projections; otherwise through `pos_key` / `pos_query` of its own.
   `relative_attention=False` leaves only the content term (still scaled by the terms
-  named in `pos_att_type`, as transformers does).
+  named in `pos_att_type`, as transformers does). `pos_key_bias=False`: `pos_key` has no
+  bias (DeBERTa v1's `pos_proj`).
   """
   pos_att_type: Tuple[str, ...] = TERMS
   share_att_key: bool = True
@@ -238,6 +239,7 @@ class DisentangledAttention(MultiHeadAttention):
   pos_dropout_rate: float = 0.0
   rel_impl: str = "shift"
   rel_block: int = 0
+  pos_key_bias: bool = True
 
   def setup(self):
     super().setup()
@@ -249,7 +251,7 @@ class DisentangledAttention(MultiHeadAttention):
                                ("embed", "heads", "kv"), use_bias=True,
                                init_std=self.init_std, dtype=self.dtype)
       if "c2p" in self.pos_att_type:
-        self.pos_key = proj(name="pos_key")
+        self.pos_key = proj(name="pos_key", use_bias=self.pos_key_bias)
       if "p2c" in self.pos_att_type:
         self.pos_query = proj(name="pos_query")
     self.pos_dropout = Dropout(self.pos_dropout_rate)

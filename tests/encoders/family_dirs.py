@@ -49,7 +49,7 @@ def _archs():
 
 def model_types():
   """The registered model types that some supported transformers architecture has (e.g.
-  "deberta" is registered, but only the v2 architectures are supported)."""
+  a mapping that names an architecture this transformers lacks is skipped)."""
   return sorted(_archs())
 
 

@@ -138,7 +138,9 @@ def test_headmajor_attention_equals_reference(t, terms, block):
   args = (q, k, v, pk, pq)
   np.testing.assert_allclose(np.asarray(jax.jit(fused)(*args)),
                              np.asarray(jax.jit(ref)(*args)), atol=1e-5, rtol=1e-5)
-  g = lambda f: jax.jit(jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), argnums=(0, 1, 2, 3, 4)))
+  def g(f):
+    return jax.jit(jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), argnums=(0, 1, 2, 3, 4)))
+
   for a, b in zip(g(fused)(*args), g(ref)(*args)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)
 
@@ -207,7 +209,7 @@ def test_packed_rows_match_separate_documents():
                                np.asarray(alone.last_hidden_state[0]), atol=1e-5)
 
 
-def test_bad_settings_raise_value_errors(tmp_path):
+def test_bad_settings_raise_value_errors():
   cfg = deberta_configs.get_config("tiny").model.unlock()
   for change, match in ((dict(conv_kernel_size=3, scan_layers=True), "scan_layers"),
                         (dict(pos_att_type=("c2p", "p2p")), "pos_att_type"),
@@ -220,10 +222,6 @@ def test_bad_settings_raise_value_errors(tmp_path):
   splash.attention_impl = "splash"
   with pytest.raises(ValueError, match="splash"):
     encoders.init_params(encoders.build(splash), jax.random.PRNGKey(0), length=128)
-  torch.manual_seed(0)
-  T.DebertaModel(T.DebertaConfig(**H.TINY)).save_pretrained(tmp_path)
-  with pytest.raises(ValueError, match="not supported"):
-    encoders.from_hf(str(tmp_path))
 
 
 def test_forward_flops_count_the_relative_terms():

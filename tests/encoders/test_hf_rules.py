@@ -1,5 +1,6 @@
 """HF mapping tables: the one expander and every rule kind, on small numpy arrays, plus one
 toy family that round-trips a fused qkv tensor and a computed table through files."""
+import dataclasses
 import json
 
 import flax.linen as nn
@@ -53,6 +54,7 @@ def test_expander_fills_arbitrary_index_dicts_and_computes_shapes():
     ([Rule("a", "w", "frobnicate")], "unknown rule kind"),
     ([Rule("a", "w", "split")], "malformed"),
     ([Rule("a", ("w1", "w2"), "concat", of="embedding", vocab=True)], "vocab"),
+    ([Rule("a", "w", groups=2)], "groups"),
 ])
 def test_expander_refuses_malformed_tables(table, message):
   with pytest.raises(ValueError, match=message):
@@ -112,6 +114,26 @@ def test_split_fused_qkv_round_trips():
   with pytest.raises(ValueError, match=r"'qkv\.weight' has shape \(6, 18\), expected "
                                        r"\(18, 6\)"):
     _round_trip(kernel, {"qkv.weight": np.ascontiguousarray(w.T)}, expected)
+
+
+def test_grouped_split_takes_each_groups_rows_per_part():
+  """groups=H: the HF rows are, per head, that head's q, k and v rows side by side
+  (DeBERTa v1's in_proj); a plain split of the same tensor would mix heads."""
+  w = _rand(3 * H * K, D)
+  names = ("query", "key", "value")
+  rule = Rule(tuple(f"{n}/kernel" for n in names), "in_proj.weight", "split", of="linear",
+              shape=(D, H, K), groups=H)
+  expected = {f"{n}/kernel": (D, H, K) for n in names}
+  ours, back = _round_trip(rule, {"in_proj.weight": w}, expected)
+  for part, n in enumerate(names):
+    for h in range(H):
+      rows = w[3 * K * h + K * part:3 * K * h + K * (part + 1)]
+      np.testing.assert_array_equal(ours[f"{n}/kernel"][:, h, :], rows.T)
+  np.testing.assert_array_equal(back["in_proj.weight"], w)
+  plain, _ = _round_trip(dataclasses.replace(rule, groups=1), {"in_proj.weight": w}, expected)
+  assert not np.array_equal(plain["key/kernel"], ours["key/kernel"])
+  with pytest.raises(ValueError, match="do not divide into 4 groups"):
+    _round_trip(dataclasses.replace(rule, groups=4), {"in_proj.weight": w}, expected)
 
 
 def test_split_of_unequal_parts_follows_the_model_shapes():

@@ -35,7 +35,10 @@ EXTRA = {"albert": dict(embedding_size=16, num_hidden_layers=4, num_hidden_group
          # DeBERTa-v3 style: shared keys, log buckets, normed relative table
          "deberta-v2": dict(relative_attention=True, position_buckets=8,
                             norm_rel_ebd="layer_norm", share_att_key=True,
-                            pos_att_type="p2c|c2p", position_biased_input=False)}
+                            pos_att_type="p2c|c2p", position_biased_input=False),
+         # DeBERTa v1 (microsoft/deberta-base's options): both terms, no absolute positions
+         "deberta": dict(relative_attention=True, pos_att_type="c2p|p2c",
+                         position_biased_input=False)}
 AUTO = {"sequence": T.AutoModelForSequenceClassification,
         "token": T.AutoModelForTokenClassification,
         "qa": T.AutoModelForQuestionAnswering}
