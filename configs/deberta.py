@@ -14,6 +14,11 @@ LayerNorm-ed relative embeddings, no absolute positions, 128k vocabulary.
 Table 9 of the appendix: batch 2k, learning rate 2e-4, 10k warmup steps, 1M steps, length
 512, Adam eps 1e-6, weight decay 0.01).
 
+The MLM recipes (`<size>`, `v1-<size>`) decode with the enhanced mask decoder
+(`enhanced_mask_decoder`, encoders/deberta.py): two more passes of the last layer with
+absolute positions in the queries, as the released pretraining code does; the RTD recipe
+has no MLM head on the discriminator and keeps it off.
+
 `v1-<size>` (tiny, base, large, xlarge): the same MLM recipe on the DeBERTa v1 architecture
 (family "deberta", transformers' `Deberta*`: no buckets, distances clipped at
 max_position_embeddings, separate position projections, no key biases; a 50k vocabulary
@@ -57,6 +62,8 @@ def get_config(arg="base"):
   c.objective.name = "mlm"
   c.objective.max_predictions = -1  # auto: ceil(0.15 * seq_len)
   c.data.packing = "documents"
+  # the MLM recipes decode with the enhanced mask decoder, as the papers' pretraining does
+  c.model.enhanced_mask_decoder = not v3
   if v3:
     electra.rtd_objective(c, a.sharing, width=1.0, depth=0.5)
     c.model.heads = ("rtd",)  # the discriminator's; the generator gets "mlm"

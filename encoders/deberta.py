@@ -22,6 +22,14 @@ transformers' `DebertaV2*` behaviour (family "deberta-v2") and `Deberta*` (famil
 - MLM head: BERT's (transform D -> E, act, LayerNorm, tied decoder + bias): transformers'
   legacy `cls.predictions` names or, with `legacy=False`, `lm_predictions.lm_head`.
 - "pooler": DeBERTa's ContextPooler (dense + `pooler_hidden_act` on the first token).
+- Enhanced mask decoder (`enhanced_mask_decoder`, the DeBERTa paper's Section 3.3 and
+  its released pretraining code; transformers has none, so models loaded from HF start
+  with it off): the MLM head decodes, instead of the last layer's output, two more passes
+  of the last layer (its parameters) whose keys and values are the input of that layer and
+  whose queries start as that input plus absolute position embeddings (a table of its own,
+  `emd_positions`; HF files carry it as `embeddings.position_embeddings.weight`), then
+  each pass's output. It gives the absolute positions a model without them in its input
+  (`position_biased_input=False`) sees nowhere else.
 
 Padding: transformers masks every key of a padding query (its softmax is then uniform);
 here a padding query attends the real keys (layers.make_attention_mask). Outputs at real
@@ -36,6 +44,7 @@ attention differs in two biases: the key projection has none (transformers' fuse
 MLM heads, the ContextPooler) is the same math as v2's, so v1 reuses this family's parts.
 """
 import functools
+from typing import Callable
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -79,6 +88,7 @@ def defaults(variant: str = "base") -> ml_collections.ConfigDict:
   m.conv_act = "tanh"
   m.legacy = True  # MLM head names: cls.predictions (True) | lm_predictions.lm_head
   m.pooler_hidden_act = "gelu"
+  m.enhanced_mask_decoder = False  # the MLM recipes (configs/deberta.py) turn it on
   # auto (relative.choose_impl: the fused Pallas kernel on TPU when the length is a
   # multiple of 128 and attention dropout is 0, else shift) | shift | gather (the
   # reference) | headmajor (the shift inside a head-major attention) | fused
@@ -154,6 +164,17 @@ def validate(cfg):
     if used:
       raise ValueError(f"DeBERTa v1 (family 'deberta') has no {used}: those are DeBERTa "
                        "v2/v3 features (family 'deberta-v2')")
+  if cfg.get("enhanced_mask_decoder", False):
+    needs = {"position_biased_input=False (it adds the absolute positions the input lacks)":
+             not cfg.position_biased_input,
+             "embedding_size == hidden_size": cfg.embedding_size == cfg.hidden_size,
+             "at least 2 layers": cfg.num_hidden_layers >= 2,
+             "the mlm head": "mlm" in tuple(cfg.heads),
+             "scan_layers=False (it runs the last layer again)":
+             not cfg.get("scan_layers", False)}
+    unmet = [k for k, ok in needs.items() if not ok]
+    if unmet:
+      raise ValueError(f"enhanced_mask_decoder=True needs {'; '.join(unmet)}")
   if cfg.conv_kernel_size > 0 and cfg.get("scan_layers", False):
     raise ValueError("scan_layers needs identical layers; DeBERTa v2's convolution makes the "
                      "first layer differ (set conv_kernel_size=0 or scan_layers=False)")
@@ -179,7 +200,36 @@ def forward_flops(cfg, seq_len: int, mlm_positions=None) -> float:
     total += 2 * t * e * d
   if cfg.conv_kernel_size > 0:
     total += 2 * t * d * d * cfg.conv_kernel_size
+  if cfg.get("enhanced_mask_decoder", False) and "mlm" in tuple(cfg.heads):
+    # two more passes of the last layer over all T positions
+    total += EMD_STEPS * (bert.layer_flops(t, d, cfg.intermediate_size)
+                          + relative_flops(cfg, t))
   return float(total + bert.head_flops(cfg, t, d, e, mlm_positions))
+
+
+EMD_STEPS = 2  # passes of the enhanced mask decoder (the released pretraining code's)
+
+
+class EmdStack(nn.Module):
+  """The layer stack with the enhanced mask decoder: x (B,T,D), inputs -> (last hidden
+  state, the decoder's output). The decoder reruns the last layer (`layer_{L-1}`) on the
+  stream entering it, with queries `inputs.extra["emd_positions"]` + that stream, then the
+  previous pass's output, `steps` times (keys, values and masks unchanged)."""
+  num_layers: int
+  block: Callable[[int], Callable[..., nn.Module]]
+  steps: int = EMD_STEPS
+
+  @nn.compact
+  def __call__(self, x, inputs: layers.AttentionInputs, deterministic: bool = True):
+    blocks = [self.block(i)(name=f"layer_{i}") for i in range(self.num_layers)]
+    for block in blocks[:-1]:
+      x = block(layers.cotangent_barrier(x), inputs, deterministic)
+    last = blocks[-1]
+    out = last(x, inputs, deterministic)
+    query = (inputs.extra["emd_positions"] + x).astype(x.dtype)
+    for _ in range(self.steps):
+      query = last(x, inputs.replace(query=query), deterministic)
+    return out, query
 
 
 class Conv(nn.Module):
@@ -246,7 +296,13 @@ class Deberta(model.Encoder):
 
   def max_length(self):
     c = self.config
-    return c.max_position_embeddings if c.position_biased_input else None
+    positions = c.position_biased_input or c.get("enhanced_mask_decoder", False)
+    return c.max_position_embeddings if positions else None
+
+  def stack_outputs(self, x, inputs, deterministic):
+    if self.config.get("enhanced_mask_decoder", False):
+      return self.encoder(x, inputs, deterministic)  # EmdStack: (x, the decoder's output)
+    return super().stack_outputs(x, inputs, deterministic)
 
   def setup(self):
     c = self.config
@@ -258,6 +314,11 @@ class Deberta(model.Encoder):
           embedding_init=layers.normal_init(c.initializer_range, (None, "embed")))
       if c.norm_rel_ebd == "layer_norm":
         self.rel_norm = layers.LayerNorm(c.layer_norm_eps)
+    if c.get("enhanced_mask_decoder", False):
+      self.emd_positions = nn.Embed(
+          c.max_position_embeddings, c.hidden_size, param_dtype=jnp.float32,
+          dtype=jnp.float32,
+          embedding_init=layers.normal_init(c.initializer_range, (None, "embed")))
 
   def attention_inputs(self, attention_mask, segment_ids, position_ids):
     inputs = super().attention_inputs(attention_mask, segment_ids, position_ids)
@@ -269,7 +330,10 @@ class Deberta(model.Encoder):
       rel = self.rel_embeddings.embedding
       if c.norm_rel_ebd == "layer_norm":
         rel = self.rel_norm(rel)
-    return inputs.replace(rel_embeddings=rel, extra={"segments": seg})
+    extra = {"segments": seg}
+    if c.get("enhanced_mask_decoder", False):
+      extra["emd_positions"] = self.emd_positions(position_ids)
+    return inputs.replace(rel_embeddings=rel, extra=extra)
 
   def parts(self) -> model.Parts:
     c = self.config
@@ -304,9 +368,12 @@ class Deberta(model.Encoder):
             dropout_rate=c.hidden_dropout_prob,
             projection_size=c.hidden_size if c.embedding_size != c.hidden_size else 0,
             projection_bias=False, project_before_norm=True, init_std=std, dtype=dtype),
-        stack=functools.partial(layers.Stack, c.num_hidden_layers,
-                                lambda i: first if i == 0 else block,
-                                scan=c.get("scan_layers", False)),
+        stack=(functools.partial(EmdStack, c.num_hidden_layers,
+                                 lambda i: first if i == 0 else block)
+               if c.get("enhanced_mask_decoder", False) else
+               functools.partial(layers.Stack, c.num_hidden_layers,
+                                 lambda i: first if i == 0 else block,
+                                 scan=c.get("scan_layers", False))),
         heads={"pooler": functools.partial(ContextPooler, c.hidden_size,
                                            c.pooler_hidden_act, std, dtype),
                "mlm": functools.partial(heads.MlmHead, c.vocab_size, c.embedding_size,

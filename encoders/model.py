@@ -78,6 +78,11 @@ class Encoder(nn.Module):
       mask = layers.make_attention_mask(attention_mask, segment_ids)
     return layers.AttentionInputs(mask=mask, positions=position_ids)
 
+  def stack_outputs(self, x, inputs: layers.AttentionInputs, deterministic: bool):
+    """The layer stack on the embeddings -> (last hidden state, what the MLM head decodes
+    instead of it, or None). DeBERTa's enhanced mask decoder returns its own MLM input."""
+    return self.encoder(x, inputs, deterministic), None
+
   @staticmethod
   def scan_params(cfg, params: dict) -> dict:
     """Per-layer params (HF import's layout: `encoder/layer_<i>`) -> this config's layout
@@ -129,7 +134,7 @@ class Encoder(nn.Module):
       position_ids = self.position_ids(input_ids, segment_ids)
     x = self.embeddings(input_ids, position_ids, token_type_ids, deterministic)
     inputs = self.attention_inputs(attention_mask, segment_ids, position_ids)
-    x = self.encoder(x, inputs, deterministic)
+    x, mlm_x = self.stack_outputs(x, inputs, deterministic)
     if self._has_final_norm:
       x = self.final_norm(x)
     out = {"last_hidden_state": x}
@@ -139,8 +144,9 @@ class Encoder(nn.Module):
       if self._needs(name):
         out[HEAD_OUTPUTS[name]] = getattr(self, name)(out["pooler_output"])
     if self._needs("mlm"):
-      h = x if masked_positions is None else jnp.take_along_axis(
-          x, masked_positions[..., None].astype(jnp.int32), axis=1)
+      mlm_x = x if mlm_x is None else mlm_x
+      h = mlm_x if masked_positions is None else jnp.take_along_axis(
+          mlm_x, masked_positions[..., None].astype(jnp.int32), axis=1)
       out["mlm_logits"] = self.mlm(h, self.embeddings.attend)
     if self._needs("rtd"):
       out["rtd_logits"] = self.rtd(x)

@@ -19,8 +19,10 @@ DeBERTa (He et al. 2021), Table 5 (ablation of the base model):
                (DeBERTa v1's relative positions; v2 added the log buckets).
   absolute_input  the relative terms and absolute positions in the input (v2's
                position_biased_input).
-  Not here: "-EMD" (the enhanced mask decoder is not implemented; DeBERTa v2/v3's
-  released models do not use it either).
+  no_emd       "-EMD": the MLM head on the last layer's output, without the enhanced mask
+               decoder (the recipe's default has it).
+  With absolute positions in the input (no_relative, absolute_input) the decoder is off,
+  as in the released code, where it only runs for a model without them.
 DeBERTaV3 (He, Gao and Chen 2023), Table 2 (embedding sharing; v3-* variants only):
   share_none   "NES": generator and discriminator have their own embeddings.
   share_tied   "ES": ELECTRA's tied embeddings, both losses update them.
@@ -31,7 +33,8 @@ the v3-* ones).
 """
 from configs import common, deberta
 
-ATTENTION = ("paper", "no_c2p", "no_p2c", "no_relative", "no_buckets", "absolute_input")
+ATTENTION = ("paper", "no_c2p", "no_p2c", "no_relative", "no_buckets", "absolute_input",
+             "no_emd")
 SHARING = ("share_none", "share_tied", "share_gdes")
 SETTINGS = ATTENTION + SHARING
 
@@ -55,9 +58,13 @@ def get_config(arg="tiny,setting=paper"):
     m.relative_attention = False
     m.pos_att_type = ()
     m.position_biased_input = True
+    m.enhanced_mask_decoder = False
   elif a.setting == "no_buckets":
     m.position_buckets = 0
     m.max_relative_positions = c.data.seq_len  # distances clip at +-seq_len
   elif a.setting == "absolute_input":
     m.position_biased_input = True
+    m.enhanced_mask_decoder = False
+  elif a.setting == "no_emd":
+    m.enhanced_mask_decoder = False
   return c.lock()

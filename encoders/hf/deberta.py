@@ -21,14 +21,14 @@ _CONSUMED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_he
              "layer_norm_eps", "pad_token_id", "relative_attention", "max_relative_positions",
              "position_buckets", "pos_att_type", "share_att_key", "norm_rel_ebd",
              "position_biased_input", "conv_kernel_size", "conv_act", "embedding_size",
-             "legacy", "pooler_hidden_act")
+             "legacy", "pooler_hidden_act", "enhanced_mask_decoder")
 # HF defaults of the attributes a DebertaV2Config may lack (getattr fallbacks in
 # modeling_deberta_v2.py); ours differ (v3 defaults), so absent means these.
 _HF_DEFAULTS = dict(type_vocab_size=0, layer_norm_eps=1e-7, relative_attention=False,
                     max_relative_positions=-1, position_buckets=-1, pos_att_type=(),
                     share_att_key=False, norm_rel_ebd="none", position_biased_input=True,
                     conv_kernel_size=0, conv_act="tanh", legacy=True,
-                    pooler_hidden_act="gelu", pad_token_id=0)
+                    pooler_hidden_act="gelu", pad_token_id=0, enhanced_mask_decoder=False)
 _REQUIRED = {"is_decoder": False, "add_cross_attention": False, "tie_word_embeddings": True,
              "conv_groups": 1}
 
@@ -50,7 +50,10 @@ class DebertaMapping(Mapping):
   }
   tied = {"cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
           "cls.predictions.decoder.bias": "cls.predictions.bias"}
-  ignorable = ("embeddings.position_ids",)
+  # transformers ignores a position table the model does not add to its input (the
+  # released checkpoints carry one, for the enhanced mask decoder); so does the import,
+  # unless `enhanced_mask_decoder` maps it
+  ignorable = ("embeddings.position_ids", "embeddings.position_embeddings.weight")
 
   def task_hf(self, cfg, task):
     """DebertaV2For{SequenceClassification, TokenClassification, QuestionAnswering}; the
@@ -96,6 +99,8 @@ class DebertaMapping(Mapping):
               attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
               initializer_range=cfg.initializer_range, tie_word_embeddings=True,
               pooler_hidden_size=cfg.hidden_size, pooler_dropout=0.0)
+    if not hf["enhanced_mask_decoder"]:
+      del hf["enhanced_mask_decoder"]  # written only when on (transformers never reads it)
     if "pooler" in set(cfg.heads):
       raise ValueError("DebertaV2Model has no pooler (its ContextPooler belongs to the "
                        "sequence-classification model: encoders.tasks)")
@@ -127,6 +132,9 @@ class DebertaMapping(Mapping):
                     "embeddings.token_type_embeddings.weight", "embedding"))
     if cfg.embedding_size != cfg.hidden_size:
       r.append(Rule("embeddings/projection/kernel", "embeddings.embed_proj.weight", "linear"))
+    if cfg.get("enhanced_mask_decoder", False):
+      r.append(Rule("emd_positions/embedding", "embeddings.position_embeddings.weight",
+                    "embedding"))
     if cfg.relative_attention:
       r.append(Rule("rel_embeddings/embedding", "encoder.rel_embeddings.weight", "embedding"))
     if cfg.norm_rel_ebd == "layer_norm":

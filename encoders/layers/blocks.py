@@ -2,7 +2,6 @@
 from typing import Callable, Optional
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from encoders.layers.core import Dense, Dtype, activation, constrain
@@ -45,6 +44,8 @@ class EncoderBlock(nn.Module):
   the attention module is called as attention(h, inputs, deterministic).
   `post`: an optional factory of a module run after the layer as post(x_in, x_out, inputs,
   deterministic) -> x_out (DeBERTa v2's convolution after its first layer), named "post".
+  With a query stream (`inputs.query`, post-LN only: DeBERTa's enhanced mask decoder), the
+  attention's queries and its residual come from that stream, keys and values from x.
   """
   attention: Callable[..., nn.Module]
   mlp: Callable[..., nn.Module]
@@ -60,12 +61,15 @@ class EncoderBlock(nn.Module):
     drop = Dropout(self.dropout_rate)
     attn = self.attention(name="attention")
     if self.pre_norm:
+      if inputs.query is not None:
+        raise ValueError("a separate query stream (inputs.query) needs a post-LN block")
       h = self.norm(name="attention_norm")(x) if self.attention_norm else x
       x = x + drop(attn(h, inputs, deterministic), deterministic)
       x = x + drop(self.mlp(name="mlp")(self.norm(name="mlp_norm")(x)), deterministic)
     else:
       h = attn(x, inputs, deterministic)
-      x = self.norm(name="attention_norm")(x + drop(h, deterministic))
+      residual = x if inputs.query is None else inputs.query
+      x = self.norm(name="attention_norm")(residual + drop(h, deterministic))
       h = self.mlp(name="mlp")(x)
       x = self.norm(name="mlp_norm")(x + drop(h, deterministic))
     if self.post is not None:

@@ -183,19 +183,22 @@ def _our_count(cfg):
 def test_parameter_count_matches_transformers(variant, heads):
   cfg = deberta_configs.get_config(variant).model.unlock()
   cfg.heads = heads
+  cfg.enhanced_mask_decoder = False  # transformers has no decoder (test_deberta_emd.py)
   hf_dict, arch = deberta_hf.DebertaMapping().config_to_hf(cfg)
   with torch.device("meta"):
     ref = getattr(T, arch)(T.DebertaV2Config(**hf_dict))
   assert _our_count(cfg) == sum(p.numel() for p in ref.parameters())
 
 
-def test_packed_rows_match_separate_documents():
+@pytest.mark.parametrize("emd", [False, True])
+def test_packed_rows_match_separate_documents(emd):
   """Two documents packed in one row (segment ids) give each document's own outputs:
-  attention, relative positions and v2's convolution never cross the boundary."""
+  attention, relative positions, v2's convolution and the enhanced mask decoder's
+  positions never cross the boundary."""
   cfg = deberta_configs.get_config("tiny").model.unlock()
-  cfg.update(conv_kernel_size=3, position_biased_input=True, max_position_embeddings=64,
-             dtype="float32", vocab_size=50, hidden_size=32, intermediate_size=64,
-             position_buckets=4)
+  cfg.update(conv_kernel_size=3, position_biased_input=not emd, max_position_embeddings=64,
+             dtype="float32", vocab_size=50, hidden_size=32, embedding_size=32,
+             intermediate_size=64, position_buckets=4, enhanced_mask_decoder=emd)
   model = encoders.build(cfg)
   params = jax.jit(lambda k: encoders.init_params(model, k))(jax.random.PRNGKey(0))
   a, b = np.arange(3, 10), np.arange(20, 26)
@@ -207,6 +210,8 @@ def test_packed_rows_match_separate_documents():
     alone = apply(jnp.asarray(doc[None]), jnp.ones((1, len(doc)), jnp.int32))
     np.testing.assert_allclose(np.asarray(out.last_hidden_state[0, sl]),
                                np.asarray(alone.last_hidden_state[0]), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(out.mlm_logits[0, sl]),
+                               np.asarray(alone.mlm_logits[0]), atol=1e-5)
 
 
 def test_bad_settings_raise_value_errors():
@@ -225,8 +230,9 @@ def test_bad_settings_raise_value_errors():
 
 
 def test_forward_flops_count_the_relative_terms():
-  cfg = deberta_configs.get_config("base").model
-  no_rel = cfg.unlock().copy_and_resolve_references()
+  cfg = deberta_configs.get_config("base").model.unlock()
+  cfg.enhanced_mask_decoder = False  # its two passes: test_deberta_emd.py
+  no_rel = cfg.copy_and_resolve_references()
   no_rel.relative_attention = False
   t = 512
   extra = encoders.forward_flops(cfg, t) - encoders.forward_flops(no_rel, t)
