@@ -27,14 +27,27 @@ V2 = dict(relative_attention=True, position_buckets=-1, max_relative_positions=6
           share_att_key=False, pos_att_type="p2c|c2p", position_biased_input=True,
           conv_kernel_size=3, conv_act="gelu", type_vocab_size=2, embedding_size=24,
           norm_rel_ebd="none")
-STYLES = {"v3": V3, "v2": V2}
+# DeBERTa v1 (DebertaConfig; tests/encoders/test_deberta_v1.py): microsoft/deberta-base's
+# options (both terms, distances up to max_position_embeddings, no absolute positions, no
+# token types); a span (6) shorter than the sequence (20), so distances clip, with
+# absolute positions, token types and E != D; c2p alone; no relative terms.
+V1_BASE = dict(relative_attention=True, pos_att_type="c2p|p2c", max_relative_positions=-1,
+               position_biased_input=False, type_vocab_size=0)
+V1_CLIPPED = dict(relative_attention=True, pos_att_type="c2p|p2c", max_relative_positions=6,
+                  position_biased_input=True, type_vocab_size=2, embedding_size=24)
+STYLES = {"v3": V3, "v2": V2, "v1_base": V1_BASE, "v1_clipped": V1_CLIPPED,
+          "v1_c2p_only": dict(V1_BASE, pos_att_type="c2p"),
+          "v1_no_relative": dict(V1_BASE, relative_attention=False, position_biased_input=True)}
 
 
 def tiny_hf(arch, style, seed=0, **overrides):
+  """A tiny random `arch` in `style` (its config class is the architecture's own:
+  DebertaV2Config, or DebertaConfig for v1's Deberta* and the v1_* styles)."""
   torch.manual_seed(seed)
-  cfg = T.DebertaV2Config(**{**H.TINY, "max_position_embeddings": 64, **STYLES[style],
-                             **overrides})
-  model = getattr(T, arch)(cfg).eval()
+  cls = getattr(T, arch)
+  cfg = cls.config_class(**{**H.TINY, "max_position_embeddings": 64, **STYLES[style],
+                            **overrides})
+  model = cls(cfg).eval()
   with torch.no_grad():  # biases and norms away from 0/1, so every mapping is checked
     for name, p in model.named_parameters():
       if name.endswith("bias") or "LayerNorm" in name:
@@ -154,15 +167,20 @@ def test_relative_shift_places_offsets():
                                 i[None, :] - i[:, None])
 
 
-@pytest.mark.parametrize("style", ["v3", "v2"])
-def test_export_loads_in_transformers_without_missing_or_unexpected_keys(style, tmp_path):
-  hf = tiny_hf("DebertaV2ForMaskedLM", style, seed=5)
+@pytest.mark.parametrize("arch,style", [("DebertaV2ForMaskedLM", "v3"),
+                                        ("DebertaV2ForMaskedLM", "v2"),
+                                        ("DebertaForMaskedLM", "v1_base"),
+                                        ("DebertaForMaskedLM", "v1_clipped")])
+def test_export_loads_in_transformers_without_missing_or_unexpected_keys(arch, style,
+                                                                         tmp_path):
+  hf = tiny_hf(arch, style, seed=5)
   hf.save_pretrained(tmp_path / "src")
   model, params = encoders.from_hf(str(tmp_path / "src"))
   encoders.to_hf(model, params, str(tmp_path / "out"))
-  loaded, info = T.DebertaV2ForMaskedLM.from_pretrained(str(tmp_path / "out"),
-                                                        output_loading_info=True)
+  loaded, info = getattr(T, arch).from_pretrained(str(tmp_path / "out"),
+                                                  output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"], info
+  assert type(loaded.config) is type(hf.config)
   ids, mask, types = H.padded_batch(hf.config, length=20, seed=6)
   ref, got = H.torch_outputs(hf, ids, mask, types), H.torch_outputs(loaded.eval(), ids, mask,
                                                                     types)
@@ -176,17 +194,20 @@ def _our_count(cfg):
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
 
 
-# The released DeBERTa-v3 backbones (128k vocabulary): 22M + 48M-ish embeddings and so on;
-# the check is exact equality with transformers' own count of the same config.
-@pytest.mark.parametrize("variant", ["xsmall", "small", "base", "large"])
+# The released DeBERTa-v3 backbones (128k vocabulary) and microsoft/deberta-{base,large,
+# xlarge} (v1): exact equality with transformers' own count of the same config.
+@pytest.mark.parametrize("variant", ["xsmall", "small", "base", "large", "v1-base",
+                                     "v1-large", "v1-xlarge"])
 @pytest.mark.parametrize("heads", [(), ("mlm",)])
 def test_parameter_count_matches_transformers(variant, heads):
   cfg = deberta_configs.get_config(variant).model.unlock()
   cfg.heads = heads
   cfg.enhanced_mask_decoder = False  # transformers has no decoder (test_deberta_emd.py)
-  hf_dict, arch = deberta_hf.DebertaMapping().config_to_hf(cfg)
+  mapping = deberta_hf.DebertaV1Mapping if variant.startswith("v1-") else \
+      deberta_hf.DebertaMapping
+  hf_dict, arch = mapping().config_to_hf(cfg)
   with torch.device("meta"):
-    ref = getattr(T, arch)(T.DebertaV2Config(**hf_dict))
+    ref = getattr(T, arch)(getattr(T, arch).config_class(**hf_dict))
   assert _our_count(cfg) == sum(p.numel() for p in ref.parameters())
 
 
