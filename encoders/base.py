@@ -63,10 +63,15 @@ def resolve_auto(cfg, platform=None, seq_len=None):
   backend), in place: `dtype` is bfloat16 on TPU/GPU and float32 on the CPU;
   `attention_impl` as `resolve_attention` picks it."""
   platform = platform or jax.default_backend()
-  if cfg.get("dtype") == "auto":
-    cfg.dtype = _dtype_for("auto", platform)
+  resolve_dtype(cfg, platform)
   resolve_attention(cfg, platform, seq_len)
   return cfg
+
+
+def resolve_dtype(cfg, platform):
+  """`dtype: auto` -> bfloat16 on TPU/GPU, float32 on the CPU, in place."""
+  if cfg.get("dtype") == "auto":
+    cfg.dtype = _dtype_for("auto", platform)
 
 
 def resolve_attention(cfg, platform, seq_len=None) -> str:

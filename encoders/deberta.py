@@ -299,11 +299,6 @@ class Deberta(model.Encoder):
     positions = c.position_biased_input or c.get("enhanced_mask_decoder", False)
     return c.max_position_embeddings if positions else None
 
-  def stack_outputs(self, x, inputs, deterministic):
-    if self.config.get("enhanced_mask_decoder", False):
-      return self.encoder(x, inputs, deterministic)  # EmdStack: (x, the decoder's output)
-    return super().stack_outputs(x, inputs, deterministic)
-
   def setup(self):
     c = self.config
     validate(c)

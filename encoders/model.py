@@ -33,7 +33,8 @@ class Parts:
   embeddings  (input_ids, position_ids, token_type_ids, deterministic) -> (B,T,D); has
               `attend(h)` (..., E) -> (..., V) when an MLM head ties its decoder to it;
   stack       (x, inputs: layers.AttentionInputs, deterministic) -> (B,T,D), usually a
-              `layers.Stack`;
+              `layers.Stack`; or a pair (B,T,D), (B,T,D): the last hidden state and what
+              the MLM head decodes instead of it (DeBERTa's enhanced mask decoder);
   final_norm  optional (B,T,D) -> (B,T,D) after the stack (pre-LN families);
   heads       head name (see HEAD_OUTPUTS) -> factory; "pooler" must be present when
               "nsp" or "sop" is. The MLM head is called as head(h, decode).
@@ -77,11 +78,6 @@ class Encoder(nn.Module):
     else:
       mask = layers.make_attention_mask(attention_mask, segment_ids)
     return layers.AttentionInputs(mask=mask, positions=position_ids)
-
-  def stack_outputs(self, x, inputs: layers.AttentionInputs, deterministic: bool):
-    """The layer stack on the embeddings -> (last hidden state, what the MLM head decodes
-    instead of it, or None). DeBERTa's enhanced mask decoder returns its own MLM input."""
-    return self.encoder(x, inputs, deterministic), None
 
   @staticmethod
   def scan_params(cfg, params: dict) -> dict:
@@ -134,7 +130,9 @@ class Encoder(nn.Module):
       position_ids = self.position_ids(input_ids, segment_ids)
     x = self.embeddings(input_ids, position_ids, token_type_ids, deterministic)
     inputs = self.attention_inputs(attention_mask, segment_ids, position_ids)
-    x, mlm_x = self.stack_outputs(x, inputs, deterministic)
+    x, mlm_x = self.encoder(x, inputs, deterministic), None
+    if isinstance(x, tuple):  # (last hidden state, what the MLM head decodes instead)
+      x, mlm_x = x
     if self._has_final_norm:
       x = self.final_norm(x)
     out = {"last_hidden_state": x}

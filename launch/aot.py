@@ -167,11 +167,12 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
   config.data.seq_len = seq
   if mesh_shape is not None:
     config.mesh.shape = tuple(mesh_shape)
-  # "auto" means what the target picks for this sequence length, not what this host would:
-  # the report's line from a copy; the trainer resolves (and logs) it from the TPU mesh
+  # "auto" means what the target picks, not what this host would: the dtype here; the
+  # kernels by the trainer from the TPU mesh and the length (and logged there as "auto ->"),
+  # the report's line from a copy
   attention_choice = base.resolve_attention(
       ml_collections.ConfigDict(config.model.to_dict()), "tpu", seq)
-  base.resolve_auto(config.model, "tpu")
+  base.resolve_dtype(config.model, "tpu")
   kind = getattr(devices[0], "device_kind", "")
   per_chip = cores_per_chip(devices)
   capacity = hbm_gib * 2**30 if hbm_gib else hbm_per_chip(kind)
