@@ -192,7 +192,9 @@ def relative_flops(cfg, t: int) -> int:
 
 def forward_flops(cfg, seq_len: int, mlm_positions=None) -> float:
   """Embedding projection (E != D), L BERT layers plus the relative terms, v2's
-  convolution (2 T D^2 per tap), the pooler and the MLM head over its positions."""
+  convolution (2 T D^2 per tap), the pooler and the MLM head over its positions; with the
+  enhanced mask decoder its two passes, less the last layer's own when only the MLM head
+  reads the hidden states."""
   t, d, e = seq_len, cfg.hidden_size, cfg.embedding_size
   total = cfg.num_hidden_layers * (bert.layer_flops(t, d, cfg.intermediate_size)
                                    + relative_flops(cfg, t))
@@ -201,9 +203,11 @@ def forward_flops(cfg, seq_len: int, mlm_positions=None) -> float:
   if cfg.conv_kernel_size > 0:
     total += 2 * t * d * d * cfg.conv_kernel_size
   if cfg.get("enhanced_mask_decoder", False) and "mlm" in tuple(cfg.heads):
-    # two more passes of the last layer over all T positions
-    total += EMD_STEPS * (bert.layer_flops(t, d, cfg.intermediate_size)
-                          + relative_flops(cfg, t))
+    # two more passes of the last layer over all T positions; when the MLM head is the only
+    # reader of the hidden states, the last layer's own pass feeds nothing (XLA drops it
+    # from a training step), so it is not counted
+    layer = bert.layer_flops(t, d, cfg.intermediate_size) + relative_flops(cfg, t)
+    total += (EMD_STEPS - (set(cfg.heads) == {"mlm"})) * layer
   return float(total + bert.head_flops(cfg, t, d, e, mlm_positions))
 
 

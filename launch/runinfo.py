@@ -45,6 +45,8 @@ def config_summary(config, objective=None) -> Dict[str, Any]:
          "attention_dropout": m.get("attention_probs_dropout_prob",
                                     m.get("attention_dropout")),
          "mesh": list(config.mesh.shape)}
+  if m.get("enhanced_mask_decoder"):  # DeBERTa's: two more passes of the last layer
+    out["enhanced_mask_decoder"] = True
   out["objective"] = objective.describe() if objective is not None else {
       "name": config.objective.name}
   return out

@@ -4,7 +4,8 @@ decoder: the last DebertaV2Layer run twice more with `query_states`, queries sta
 the absolute position table + that layer's input), on padded batches; the table's import
 and export; the loaded-from-HF default (off, the position table of a released checkpoint
 ignored as transformers ignores it); the MLM head at masked positions; the FLOP count; and
-the settings it needs."""
+the settings it needs. (tests/launch/test_aot.py's DeBERTa compile checks that a TPU
+training step runs the fused kernel for exactly the layer passes counted here.)"""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -125,7 +126,7 @@ def test_v1_family_runs_the_decoder():
   assert "emd_positions" in params.get("params", params)
 
 
-def test_flops_count_two_more_layers_and_bad_settings_raise():
+def test_flops_count_the_decoders_passes_and_bad_settings_raise():
   cfg = deberta_configs.get_config("base").model
   assert cfg.enhanced_mask_decoder
   off = cfg.unlock().copy_and_resolve_references()
@@ -134,7 +135,13 @@ def test_flops_count_two_more_layers_and_bad_settings_raise():
   one_less = off.copy_and_resolve_references()
   one_less.num_hidden_layers = 11
   per_layer = encoders.forward_flops(off, t) - encoders.forward_flops(one_less, t)
-  assert encoders.forward_flops(cfg, t) - encoders.forward_flops(off, t) == 2 * per_layer
+  # MLM only: the decoder's two passes replace the last layer's own, which feeds nothing
+  assert tuple(cfg.heads) == ("mlm",)
+  assert encoders.forward_flops(cfg, t) - encoders.forward_flops(off, t) == per_layer
+  pooled = cfg.unlock().copy_and_resolve_references()
+  pooled.heads = ("pooler", "mlm")
+  off.heads = ("pooler", "mlm")
+  assert encoders.forward_flops(pooled, t) - encoders.forward_flops(off, t) == 2 * per_layer
   tiny = deberta_configs.get_config("tiny").model
   for change, match in ((dict(position_biased_input=True), "position_biased_input"),
                         (dict(scan_layers=True), "scan_layers"),

@@ -221,9 +221,12 @@ print(cost["optimal_seconds"], aot.free_custom_calls(hlo), aot._optimal_seconds(
 def test_deberta_tpu_recipe_gets_the_fused_relative_kernel_and_prices_it(libtpu, tmp_path):
   """DeBERTa's TPU recipe (attention dropout 0) resolves `relative_impl: auto` to the fused
   Pallas kernel; the sharded step compiles for v5p and each of its three kernels is priced
-  by roofline with the FLOPs of its matmul units (encoders/layers/relative_kernel.py)."""
+  by roofline with the FLOPs of its matmul units (encoders/layers/relative_kernel.py).
+  Two layers: the recipe's enhanced mask decoder reruns the last one twice, on the kernel
+  too; the last layer's own pass feeds nothing the MLM loss reads, and XLA drops it, so
+  each kernel runs three times, the layer passes `forward_flops` counts."""
   out = tmp_path / "aot.json"
-  p = _run(["--config", "configs/deberta.py:base", "--config.model.num_hidden_layers=1",
+  p = _run(["--config", "configs/deberta.py:base", "--config.model.num_hidden_layers=2",
             "--config.model.vocab_size=512", "--topology", "v5p:2x2x1", "--global-batch",
             "8", "--seq", "128", "--mesh=2,1,2", "--breakdown", "6", "--json", str(out)],
            libtpu, timeout=1500)
@@ -236,6 +239,9 @@ def test_deberta_tpu_recipe_gets_the_fused_relative_kernel_and_prices_it(libtpu,
   for kernel in ("deberta_rel_fwd__c2p_p2c", "deberta_rel_dq__c2p_p2c",
                  "deberta_rel_dkv__c2p_p2c"):
     assert kernel in names, names
-  # per device: 8 / 2 rows (data=2), 12 / 2 heads (tensor=2), T = 128, K = 64; units 6 + 11 + 12
-  assert roof["flops"] == (6 + 11 + 12) * 2 * 4 * 6 * 128 * 128 * 64
+  # per device: 8 / 2 rows (data=2), 12 / 2 heads (tensor=2), T = 128, K = 64; units 6 + 11 + 12;
+  # layer 0 + the decoder's 2 passes
+  assert r["config"]["enhanced_mask_decoder"]
+  assert all(k["calls"] == 3 for k in roof["kernels"].values()), roof["kernels"]
+  assert roof["flops"] == 3 * (6 + 11 + 12) * 2 * 4 * 6 * 128 * 128 * 64
   assert r["estimated_step_s"] > r["xla_priced_s"] > 0 and 0 < r["estimated_mfu"] < 1
