@@ -63,18 +63,19 @@ VARIANTS = {
 }
 
 
+def _size(m, family: str, variant: str, sizes, vocab_size: int):
+  """Sets the family, variant, vocabulary and (layers, hidden, heads, MLP width)."""
+  m.family, m.variant, m.vocab_size = family, variant, vocab_size
+  (m.num_hidden_layers, m.hidden_size, m.num_attention_heads,
+   m.intermediate_size) = sizes
+  m.embedding_size = m.hidden_size
+  return m
+
+
 def defaults(variant: str = "base") -> ml_collections.ConfigDict:
   """The model section of a DeBERTa-v3 config (HF DebertaV2Config's names)."""
-  n_layers, hidden, n_heads, width = VARIANTS[variant]
-  m = bert.defaults()
-  m.family = "deberta-v2"  # HF model_type, as every family
-  m.variant = variant
-  m.vocab_size = 128100
-  m.embedding_size = hidden
-  m.hidden_size = hidden
-  m.num_hidden_layers = n_layers
-  m.num_attention_heads = n_heads
-  m.intermediate_size = width
+  # family: the HF model_type, as every family
+  m = _size(bert.defaults(), "deberta-v2", variant, VARIANTS[variant], 128100)
   m.type_vocab_size = 0
   m.layer_norm_eps = 1e-7
   m.relative_attention = True
@@ -115,16 +116,7 @@ V1_VARIANTS = {
 def defaults_v1(variant: str = "base") -> ml_collections.ConfigDict:
   """The model section of a DeBERTa v1 config (HF DebertaConfig's names; the values of
   microsoft/deberta-base's config.json at the released sizes)."""
-  n_layers, hidden, n_heads, width = V1_VARIANTS[variant]
-  m = defaults("base")
-  m.family = "deberta"
-  m.variant = variant
-  m.vocab_size = 50265
-  m.embedding_size = hidden
-  m.hidden_size = hidden
-  m.num_hidden_layers = n_layers
-  m.num_attention_heads = n_heads
-  m.intermediate_size = width
+  m = _size(defaults("base"), "deberta", variant, V1_VARIANTS[variant], 50265)
   m.position_buckets = -1
   m.pos_att_type = ("c2p", "p2c")
   m.share_att_key = False
