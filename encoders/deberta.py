@@ -281,7 +281,6 @@ class Deberta(model.Encoder):
   """DeBERTa v2/v3: disentangled attention over a shared relative table, post-LN layers."""
   defaults = staticmethod(defaults)
   forward_flops = staticmethod(forward_flops)
-  V1 = False  # DeBERTa v1's attention: no key or pos_key bias
 
   @staticmethod
   def task_heads(cfg) -> tasks.TaskHeads:
@@ -328,6 +327,7 @@ class Deberta(model.Encoder):
 
   def parts(self) -> model.Parts:
     c = self.config
+    v1 = c.family == "deberta"  # v1's attention: no key or pos_key bias
     dtype = layers.dtype_from_name(c.dtype)
     std = c.initializer_range
     attention = functools.partial(
@@ -338,7 +338,7 @@ class Deberta(model.Encoder):
         relative_attention=c.relative_attention, span=span(c),
         position_buckets=c.position_buckets, max_relative_positions=max_relative(c),
         pos_dropout_rate=c.hidden_dropout_prob, rel_impl=c.relative_impl,
-        rel_block=c.relative_block, key_bias=not self.V1, pos_key_bias=not self.V1)
+        rel_block=c.relative_block, key_bias=not v1, pos_key_bias=not v1)
     mlp = functools.partial(layers.Mlp, c.intermediate_size, c.hidden_size, c.hidden_act,
                             init_std=std, dtype=dtype)
     norm = functools.partial(layers.LayerNorm, c.layer_norm_eps, dtype=dtype)
@@ -373,7 +373,6 @@ class Deberta(model.Encoder):
 
 @base.register_family("deberta")
 class DebertaV1(Deberta):
-  """DeBERTa v1 (transformers' `Deberta*`): v2's parts without the key and pos_key biases,
-  and only v1's options (`validate`)."""
+  """DeBERTa v1 (transformers' `Deberta*`): v2's parts without the key and pos_key biases
+  (`parts`, by the config's family), and only v1's options (`validate`)."""
   defaults = staticmethod(defaults_v1)
-  V1 = True
