@@ -130,6 +130,13 @@ def base_config():
   # JAX's persistent compilation cache: a restarted run reads its compiled programs back
   # instead of compiling again ("" off; launch/trainer/compile_cache.py).
   c.train.compilation_cache_dir = "{workdir}/compilation_cache"
+  # TPU only: the on-chip vector memory (KiB) the compiler may give one op's tiles
+  # (libtpu's xla_tpu_scoped_vmem_limit_kib; 0 = the compiler's own default). 96 MiB is
+  # MaxText's value for dense, compute-bound models (its benchmarks/xla_flags_library.py,
+  # "experimentally recommended"): with it the compiler tiles BERT-base's 768-wide
+  # matmuls whole along the output instead of in two halves (docs/benchmarks.md, issue
+  # 17). Compiles take ~2.5x longer with it. Ignored off TPU.
+  c.train.tpu_scoped_vmem_kib = 98304
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices

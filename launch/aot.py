@@ -191,6 +191,7 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
       "topology": topology, "device_kind": kind, "devices": len(devices),
       "devices_per_chip": per_chip, "mesh": dict(setup.mesh.shape),
       "global_batch": global_batch, "seq": seq, "attention_choice": attention_choice,
+      "compiler_options": trainer.compiler_options(config, "tpu") or {},
       "config": runinfo.config_summary(config, setup.objective),
       "hbm_capacity_bytes": capacity, "peak_flops_per_device": peak}
   try:
@@ -348,6 +349,10 @@ def format_report(r: Dict[str, Any]) -> str:
            f"({r['devices_per_chip']} device(s) per chip), mesh {r['mesh']}"]
   if r.get("attention_choice"):
     lines.append(r["attention_choice"])
+  options = r.get("compiler_options")
+  lines.append("TPU compiler options: " + (", ".join(f"{k}={v}" for k, v in options.items())
+                                           if options else "the compiler's defaults")
+               + " (train.tpu_scoped_vmem_kib)")
   if "compile_error" in r:
     lines.append(f"DOES NOT FIT: the TPU compiler ran out of memory: {r['compile_error']}")
     return "\n".join(lines)

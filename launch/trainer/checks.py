@@ -149,6 +149,8 @@ def check(config, devices=None) -> ml_collections.ConfigDict:
   _check_files(out)
   from launch.trainer import compile_cache
   _as_error(compile_cache.resolve, out.train.get("compilation_cache_dir", ""), "")
+  from launch.trainer import state as state_lib
+  _as_error(state_lib.compiler_options, out, "cpu")  # train.tpu_scoped_vmem_kib, any host
   scratch = ml_collections.ConfigDict(out.to_dict())
   _as_error(objectives.prepare_config, scratch)  # reads init_from / teacher; writes nothing
   _check_length(scratch)

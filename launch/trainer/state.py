@@ -63,9 +63,27 @@ def _resolve_attention(config, mesh):
   (log.warning if "dropout" in line else log.info)("%s", line)
 
 
+def compiler_options(config, platform: str):
+  """The XLA options the train and eval steps are compiled with on `platform`: on TPU the
+  scoped-VMEM limit of `train.tpu_scoped_vmem_kib` (0: the compiler's default); None
+  elsewhere, and for 0."""
+  kib = config.get("train", {}).get("tpu_scoped_vmem_kib", 0)
+  if isinstance(kib, bool) or not isinstance(kib, int) or kib < 0:
+    raise ValueError(f"train.tpu_scoped_vmem_kib must be an integer >= 0 (KiB; 0 = the "
+                     f"compiler's default), got {kib!r}")
+  if platform != "tpu" or not kib:
+    return None
+  return {"xla_tpu_scoped_vmem_limit_kib": kib}
+
+
 def build(config, tokenizer, devices=None) -> Setup:
   """Mesh, objective, optimizer, sharded state init, jitted train and eval steps."""
   mesh = shard_lib.make_mesh(config.mesh.shape, devices)
+  options = compiler_options(config, mesh.devices.flat[0].platform)
+  if options:
+    logging.getLogger("encoder_zoo").info(
+        "TPU compiler options: %s (train.tpu_scoped_vmem_kib)",
+        ", ".join(f"{k}={v}" for k, v in options.items()))
   _resolve_attention(config, mesh)
   rules = shard_lib.rules_tuple(config.mesh.rules)
   objective = objectives.get_objective(config, tokenizer)
@@ -124,9 +142,11 @@ def build(config, tokenizer, devices=None) -> Setup:
   train_step = shard_lib.MeshJit(mesh, jax.jit(
       with_rules(make_train_step(objective, tx, schedule, accum, config.train)),
       in_shardings=(state_shardings, batch_sharding),
-      out_shardings=(state_shardings, replicated), donate_argnums=0))
+      out_shardings=(state_shardings, replicated), donate_argnums=0,
+      compiler_options=options))
   eval_step = shard_lib.MeshJit(mesh, jax.jit(
       with_rules(make_eval_step(objective)),
-      in_shardings=(state_shardings, batch_sharding, replicated), out_shardings=replicated))
+      in_shardings=(state_shardings, batch_sharding, replicated), out_shardings=replicated,
+      compiler_options=options))
   return Setup(config, mesh, objective, tx, schedule, param_shardings, state_shardings,
                abstract_state, batch_sharding, init_state, train_step, eval_step)

@@ -64,6 +64,7 @@ def test_unknown_keys_and_bad_numbers_are_named():
     ({"optimizer__grad_accum_steps": 3}, ("data.global_batch=64 does not split over 1 "
      "data-parallel devices (mesh {'data': 1, 'fsdp': 1, 'tensor': 1}) x "
      "grad_accum_steps=3 micro-batches; use a multiple of 3")),
+    ({"train__tpu_scoped_vmem_kib": -1}, "train.tpu_scoped_vmem_kib must be an integer >= 0"),
 ])
 def test_bad_settings_fail_before_anything_is_written(tmp_path, overrides, expected):
   wd = tmp_path / "wd"
