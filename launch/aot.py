@@ -349,10 +349,8 @@ def format_report(r: Dict[str, Any]) -> str:
            f"({r['devices_per_chip']} device(s) per chip), mesh {r['mesh']}"]
   if r.get("attention_choice"):
     lines.append(r["attention_choice"])
-  options = r.get("compiler_options")
-  lines.append("TPU compiler options: " + (", ".join(f"{k}={v}" for k, v in options.items())
-                                           if options else "the compiler's defaults")
-               + " (train.tpu_scoped_vmem_kib)")
+  from launch import trainer
+  lines.append(trainer.compiler_options_line(r.get("compiler_options")))
   if "compile_error" in r:
     lines.append(f"DOES NOT FIT: the TPU compiler ran out of memory: {r['compile_error']}")
     return "\n".join(lines)

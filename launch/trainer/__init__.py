@@ -9,8 +9,9 @@
   metrics.py     console / JSONL / TensorBoard metrics and the loss plot
 """
 from launch.trainer.loop import adopt_tokenizer, evaluate, prepare, train_and_evaluate
-from launch.trainer.state import Setup, build, compiler_options
+from launch.trainer.state import Setup, build, compiler_options, compiler_options_line
 from launch.trainer.step import EVAL_SEED, TrainState, eval_key, gradients
 
-__all__ = ["Setup", "TrainState", "build", "compiler_options", "train_and_evaluate", "prepare",
-           "adopt_tokenizer", "evaluate", "gradients", "eval_key", "EVAL_SEED"]
+__all__ = ["Setup", "TrainState", "build", "compiler_options", "compiler_options_line",
+           "train_and_evaluate", "prepare", "adopt_tokenizer", "evaluate", "gradients",
+           "eval_key", "EVAL_SEED"]

@@ -76,14 +76,18 @@ def compiler_options(config, platform: str):
   return {"xla_tpu_scoped_vmem_limit_kib": kib}
 
 
+def compiler_options_line(options) -> str:
+  """The line a run's log and launch.aot's report give `compiler_options`' result."""
+  text = ", ".join(f"{k}={v}" for k, v in (options or {}).items()) or "the compiler's defaults"
+  return f"TPU compiler options: {text} (train.tpu_scoped_vmem_kib)"
+
+
 def build(config, tokenizer, devices=None) -> Setup:
   """Mesh, objective, optimizer, sharded state init, jitted train and eval steps."""
   mesh = shard_lib.make_mesh(config.mesh.shape, devices)
   options = compiler_options(config, mesh.devices.flat[0].platform)
   if options:
-    logging.getLogger("encoder_zoo").info(
-        "TPU compiler options: %s (train.tpu_scoped_vmem_kib)",
-        ", ".join(f"{k}={v}" for k, v in options.items()))
+    logging.getLogger("encoder_zoo").info("%s", compiler_options_line(options))
   _resolve_attention(config, mesh)
   rules = shard_lib.rules_tuple(config.mesh.rules)
   objective = objectives.get_objective(config, tokenizer)
