@@ -37,7 +37,10 @@ class MlmHead(nn.Module):
     h = layers.LayerNorm(self.layer_norm_eps, dtype=self.dtype, name="norm")(h)
     logits = decode(h)
     bias = self.param("bias", layers.zeros_init(("vocab",)), (logits.shape[-1],), jnp.float32)
-    return (logits + bias.astype(logits.dtype))[..., :self.vocab_size]
+    # float32 logits (f32 accumulation); their cotangent feeds the decoder's backward
+    # matmuls in the compute dtype, so it is rounded to it once, where it is made
+    return layers.round_cotangent((logits + bias.astype(logits.dtype))[..., :self.vocab_size],
+                                  self.dtype)
 
 
 class Pooler(nn.Module):

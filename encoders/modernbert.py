@@ -156,7 +156,8 @@ class MlmHead(nn.Module):
       bias = self.param("bias", layers.zeros_init(("vocab",)), (logits.shape[-1],),
                         jnp.float32)
       logits = logits + bias.astype(logits.dtype)
-    return logits[..., :self.vocab_size]
+    # as heads.MlmHead: the float32 logits' cotangent is rounded to the compute dtype once
+    return layers.round_cotangent(logits[..., :self.vocab_size], self.dtype)
 
 
 class LayerStack(nn.Module):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 __all__ = [
     "argmax_equals",
@@ -35,24 +34,27 @@ __all__ = [
 ]
 
 
-def argmax_equals(logits, labels):
+def argmax_equals(logits, labels, row_max=None):
   """`jnp.argmax(logits, -1) == labels`, exactly (the first maximal index wins ties; a row
-  with a NaN predicts the NaN's index), without an argmax reduce where no row needs one.
+  with a NaN predicts its first NaN), with plain reductions instead of an argmax.
 
-  XLA's CPU argmax is a (value, index) variadic reduce that does not vectorise. In the
-  main job's train step (MLM logits (64, 20, 8000)) it took 26 of ~380 thread-ms; the max,
-  the tie count and the label's logit below take ~11 (jax.profiler, 2026-12-05). Where
-  each row's maximum is attained exactly once, the argmax is the label iff the label's
-  logit equals that maximum; a row with a tie or a NaN sends the whole call through the
-  exact argmax (a `lax.cond`, so it costs only when taken).
-  logits (..., C) float; labels (...) integer, in range. Returns a bool array (...).
+  The label is the argmax iff the label's entry is a row maximum (or a NaN, in a row with
+  one) and no earlier entry is. Both are elementwise tests against the row's maximum
+  reduced over the last axis, so XLA fuses them with the cross-entropy's own sums into
+  one pass over the logits. (XLA's argmax is a (value, index) variadic reduce: on the CPU
+  it does not vectorise, 26 of ~380 thread-ms of the main job's step on 2026-12-05; on
+  TPU the former fast path's `lax.cond` kept a copy of the (B, M, V) float32 logits.)
+  logits (..., C) float; labels (...) integer, in range; `row_max`, if given, is
+  `jnp.max(logits, -1, keepdims=True)`. Returns a bool array (...).
   """
-  m = jnp.max(logits, axis=-1, keepdims=True)
-  n_max = jnp.sum(logits == m, axis=-1)  # 0 in a row with a NaN, > 1 with a tie
-  at_label = jnp.take_along_axis(logits, labels[..., None], axis=-1)
-  unique = at_label[..., 0] == m[..., 0]
-  return jax.lax.cond(jnp.all(n_max == 1), lambda: unique,
-                      lambda: jnp.argmax(logits, axis=-1) == labels)
+  m = jnp.max(logits, axis=-1, keepdims=True) if row_max is None else row_max
+  at_max = (logits == m) | (jnp.isnan(logits) & jnp.isnan(m))
+  index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+  label = labels[..., None].astype(jnp.int32)
+  # counted as float32 sums (exact: C < 2^24), reductions of the same kind as the
+  # cross-entropy's, so that XLA puts them into one multi-output fusion
+  count = lambda hit: jnp.sum(jnp.where(hit, 1.0, 0.0), axis=-1)
+  return (count(at_max & (index == label)) > 0) & (count(at_max & (index < label)) == 0)
 
 
 def weighted_cross_entropy(logits, labels, weights, *, prefix):
@@ -81,10 +83,20 @@ def weighted_cross_entropy(logits, labels, weights, *, prefix):
   # Ignored positions get label 0 and are excluded with `where`, so neither their
   # labels nor non-finite logits there can leak into the sums.
   safe_labels = jnp.where(counted, labels, 0)
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits, safe_labels)
+  # Softmax cross-entropy as optax computes it (log-sum-exp of the logits shifted by the
+  # row max, minus the label's shifted logit), with the label's logit picked by a masked
+  # sum instead of a gather: every per-row value below (log-sum-exp, label logit, the
+  # accuracy's tests) is a reduction over the last axis after one shared max, which XLA
+  # fuses into one read of the (B, M, V) logits.
+  row_max = jnp.max(logits, axis=-1, keepdims=True)
+  shifted = logits - jax.lax.stop_gradient(row_max)
+  index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+  is_label = index == safe_labels[..., None].astype(jnp.int32)
+  ce = (jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
+        - jnp.sum(jnp.where(is_label, shifted, 0.0), axis=-1))
   loss_sum = jnp.sum(jnp.where(counted, ce * weights, 0.0))
   weight_sum = jnp.sum(weights)
-  correct = argmax_equals(logits, safe_labels)
+  correct = argmax_equals(logits, safe_labels, row_max)
   correct_sum = jnp.sum(jnp.where(counted & correct, weights, 0.0))
   loss = loss_sum / jnp.where(weight_sum > 0, weight_sum, 1.0)
   metrics = {

@@ -16,7 +16,7 @@ Shapes: B batch, T sequence, D hidden, E embedding, H heads, K head dim, F MLP w
 """
 from encoders.layers.core import (Array, Dense, Dtype, LayerNorm, activation, constrain,
                                   dtype_from_name, gelu_erf, normal_init, ones_init,
-                                  zeros_init)
+                                  round_cotangent, zeros_init)
 from encoders.layers.dropout import Dropout, counters, random_bits, threefry2x32
 from encoders.layers.embeddings import Embeddings, sinusoidal_table
 from encoders.layers.masks import (AttentionInputs, SegmentMask, make_attention_mask,

@@ -45,6 +45,35 @@ def constrain(x: Array, axes: Sequence[Optional[str]]) -> Array:
   return nn.with_logical_constraint(x, tuple(axes))
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _round_cotangent(x: Array, dtype) -> Array:
+  return x
+
+
+def _round_cotangent_fwd(x, dtype):
+  return x, None
+
+
+def _round_cotangent_bwd(dtype, _, ct):
+  return (ct.astype(dtype).astype(ct.dtype),)
+
+
+_round_cotangent.defvjp(_round_cotangent_fwd, _round_cotangent_bwd)
+
+
+def round_cotangent(x: Array, dtype) -> Array:
+  """`x`, whose cotangent is rounded to `dtype` on the way back (a no-op when `dtype` is
+  not narrower than `x`'s). For a float32 output of a `dtype` matmul: its cotangent feeds
+  that matmul's backward in `dtype` anyway, so rounding it once where it is made lets XLA
+  write and read it in `dtype`, not float32 (the MLM logits: (B, M, V)). Only what else
+  reads it (the decoder bias's gradient) sees the rounding, as under mixed-precision
+  autocast."""
+  dtype = jnp.dtype(dtype)
+  if not jnp.issubdtype(x.dtype, jnp.floating) or dtype.itemsize >= x.dtype.itemsize:
+    return x
+  return _round_cotangent(x, dtype)
+
+
 def normal_init(std: float, axes: Sequence[Optional[str]]):
   return nn.with_logical_partitioning(nn.initializers.normal(std), tuple(axes))
 

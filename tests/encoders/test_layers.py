@@ -28,6 +28,22 @@ def test_xla_attention_matches_einsum(window):
   np.testing.assert_allclose(np.asarray(got)[real], np.asarray(ref)[real], atol=1e-5)
 
 
+def test_round_cotangent_rounds_the_backward_only():
+  """The value passes unchanged; the cotangent comes back rounded to the narrower dtype
+  (exactly what a bfloat16 cast would give), and a dtype that is not narrower is a no-op."""
+  x = jnp.linspace(-3.0, 3.0, 64, dtype=jnp.float32)
+  w = jnp.asarray(np.random.RandomState(0).randn(64), jnp.float32)  # not bf16-representable
+  f = lambda x: jnp.sum(layers.round_cotangent(x, jnp.bfloat16) * w)
+  value, grad = jax.value_and_grad(f)(x)
+  np.testing.assert_array_equal(np.asarray(layers.round_cotangent(x, jnp.bfloat16)), x)
+  np.testing.assert_allclose(float(value), float(jnp.sum(x * w)), rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(grad), np.asarray(w.astype(jnp.bfloat16), np.float32))
+  assert not np.array_equal(np.asarray(grad), np.asarray(w))
+  assert layers.round_cotangent(x, jnp.float32) is x
+  h = x.astype(jnp.bfloat16)
+  assert layers.round_cotangent(h, jnp.bfloat16) is h
+
+
 def test_mask_semantics():
   attn = jnp.array([[1, 1, 1, 1, 0]])
   seg = jnp.array([[1, 1, 2, 2, 0]])
