@@ -52,6 +52,13 @@ def test_tpu_recipe_configs_get_splash_at_512(variant):
   assert cfg.attention_impl == "splash" and "Splash" in line
 
 
+def test_bert_large_recipe_scans_its_layers_for_compile_time():
+  """BERT-large's TPU step compiles in under 5 minutes on a 2-core CPU only scanned
+  (docs/benchmarks.md); base stays unrolled."""
+  assert bert_configs.get_config("large").model.scan_layers is True
+  assert bert_configs.get_config("base").model.scan_layers is False
+
+
 def test_dropout_config_says_why_it_misses_splash_and_explicit_choice_is_kept():
   cfg = _model_cfg("tiny")  # the CPU main job keeps BERT's attention dropout
   assert cfg.attention_probs_dropout_prob > 0
