@@ -102,7 +102,7 @@ def get_config(arg="base"):
     c.checkpoint.every = 5_000
     if a.variant == "large":
       # 24 layers as one scanned layer: the TPU compile of the unrolled step took 5.5 min
-      # on a 2-core CPU (332 s, v5p:2x2x1, batch 128 x 512; the scanned one ~2.5 min),
+      # on a 2-core CPU (332 s, v5p:2x2x1, batch 128 x 512; the scanned one 171 s),
       # at ~2x the HBM (38 of 95 GiB per v5p chip); docs/benchmarks.md, issue 17
       c.model.scan_layers = True
   return c.lock()

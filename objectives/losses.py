@@ -73,8 +73,8 @@ def _rows(logits, labels, pick):
   shifted by the row max, minus the label's shifted logit), and `argmax == label`, sharing
   the row max. `pick` takes the label's logit: a gather on the CPU (where a masked sum over
   the vocabulary is ~1.8x slower); elsewhere a masked sum, so that on TPU every per-row
-  value is a reduction XLA fuses into one read of the (B, M, V) logits after the max (with
-  a gather XLA wrote a copy of them first)."""
+  value is a reduction over the (B, M, V) logits after the max, which XLA fuses into few
+  reads (with a gather XLA wrote a copy of them first; docs/benchmarks.md, 2026-12-07)."""
   row_max = jnp.max(logits, axis=-1, keepdims=True)
   shift = jax.lax.stop_gradient(row_max)
   ce = jnp.log(jnp.sum(jnp.exp(logits - shift), axis=-1)) - (pick(logits, labels)
