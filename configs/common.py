@@ -141,6 +141,12 @@ def base_config():
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
   c.mesh.rules = DEFAULT_RULES
+  # ZeRO-style (Rajbhandari et al. 2020): the trained params' float32 master copy and
+  # their optimizer state split over the data axis (launch/trainer/sharding.py,
+  # split_over_data); each step gathers the params as the model reads them, the matmul
+  # weights in the compute dtype. The same values as replicated; the update then reads
+  # and writes 1/data of the state on each replica (docs/benchmarks.md, issue 17).
+  c.mesh.shard_state_over_data = True
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 500

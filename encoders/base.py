@@ -71,7 +71,7 @@ def resolve_auto(cfg, platform=None, seq_len=None):
 def resolve_dtype(cfg, platform):
   """`dtype: auto` -> bfloat16 on TPU/GPU, float32 on the CPU, in place."""
   if cfg.get("dtype") == "auto":
-    cfg.dtype = _dtype_for("auto", platform)
+    cfg.dtype = dtype_for("auto", platform)
 
 
 def resolve_attention(cfg, platform, seq_len=None) -> str:
@@ -98,7 +98,7 @@ def resolve_attention(cfg, platform, seq_len=None) -> str:
     return f"attention: {cfg.get('attention_impl')} (set in the config){line}"
   from encoders.layers import attention, kernels
   heads = cfg.get("num_attention_heads")
-  args = (dropout, _dtype_for(cfg.get("dtype", "auto"), platform),
+  args = (dropout, dtype_for(cfg.get("dtype", "auto"), platform),
           cfg.hidden_size // heads if heads else None, cfg.get("family", "bert"))
   impl, reason = attention.choose_impl(platform, seq_len, *args)
   if platform == "tpu" and not seq_len and attention.choose_impl(
@@ -111,7 +111,9 @@ def resolve_attention(cfg, platform, seq_len=None) -> str:
   return f"attention: auto -> {impl}: {reason}{line}"
 
 
-def _dtype_for(dtype: str, platform: str) -> str:
+def dtype_for(dtype: str, platform: str) -> str:
+  """The compute dtype a model's `dtype` setting means on `platform` ("auto": bfloat16 on
+  TPU/GPU, float32 on the CPU)."""
   if dtype != "auto":
     return dtype
   return "float32" if platform == "cpu" else "bfloat16"

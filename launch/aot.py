@@ -346,7 +346,9 @@ def format_report(r: Dict[str, Any]) -> str:
            f"scan_layers={c['scan_layers']}, objective={runinfo.objective_text(c)}, "
            f"vocab_pad_multiple={c['vocab_pad_multiple']}",
            f"topology {r['topology']}: {r['devices']} x {r['device_kind']} "
-           f"({r['devices_per_chip']} device(s) per chip), mesh {r['mesh']}"]
+           f"({r['devices_per_chip']} device(s) per chip), mesh {r['mesh']}"
+           + (", params and optimizer state split over data (mesh.shard_state_over_data)"
+              if c.get("state_over_data") and r["mesh"].get("data", 1) > 1 else "")]
   if r.get("attention_choice"):
     lines.append(r["attention_choice"])
   from launch import trainer

@@ -44,7 +44,8 @@ def config_summary(config, objective=None) -> Dict[str, Any]:
          "scan_layers": m.scan_layers, "hidden_dropout": m.get("hidden_dropout_prob"),
          "attention_dropout": m.get("attention_probs_dropout_prob",
                                     m.get("attention_dropout")),
-         "mesh": list(config.mesh.shape)}
+         "mesh": list(config.mesh.shape),
+         "state_over_data": bool(config.mesh.get("shard_state_over_data", False))}
   if m.get("enhanced_mask_decoder"):  # DeBERTa's: two more passes of the last layer
     out["enhanced_mask_decoder"] = True
   out["objective"] = objective.describe() if objective is not None else {

@@ -19,6 +19,7 @@ import ml_collections
 import optax
 
 import objectives
+from encoders import base
 from launch.trainer import guard
 from launch.trainer import optim
 from launch.trainer import sharding as shard_lib
@@ -108,11 +109,19 @@ def build(config, tokenizer, devices=None) -> Setup:
   abstract_params = nn.unbox(boxed)
   pick = lambda tree, names: {k: tree[k] for k in names}
   abstract_opt = jax.eval_shape(tx.init, pick(abstract_params, trained))
+  trained_shardings, view = pick(param_shardings, trained), None
+  if config.mesh.get("shard_state_over_data", False) and mesh.shape["data"] > 1:
+    model_view = trained_shardings
+    trained_shardings = shard_lib.split_over_data(pick(abstract_params, trained),
+                                                  model_view, mesh)
+    compute = base.dtype_for(config.model.get("dtype", "auto"),
+                             mesh.devices.flat[0].platform)
+    view = shard_lib.state_view(model_view, compute)
   opt_shardings = shard_lib.mirror_shardings(
-      abstract_opt, pick(abstract_params, trained), pick(param_shardings, trained), mesh)
+      abstract_opt, pick(abstract_params, trained), trained_shardings, mesh)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   state_shardings = TrainState(
-      step=replicated, params=pick(param_shardings, trained),
+      step=replicated, params=trained_shardings,
       frozen=pick(param_shardings, frozen), opt_state=opt_shardings, rng=replicated)
 
   def with_rules(fn):
@@ -136,7 +145,8 @@ def build(config, tokenizer, devices=None) -> Setup:
       state_shardings)
   init_params_jit = jax.jit(with_rules(init_params), out_shardings=param_shardings)
   make_state_jit = jax.jit(make_state, in_shardings=(param_shardings,),
-                           out_shardings=state_shardings, donate_argnums=0)
+                           out_shardings=state_shardings,
+                           donate_argnums=() if view else 0)  # split: other buffer sizes
 
   def init_state():
     params = objective.after_init(init_params_jit(), param_shardings)
@@ -144,12 +154,12 @@ def build(config, tokenizer, devices=None) -> Setup:
 
   batch_sharding = shard_lib.batch_sharding(mesh, rules)
   train_step = shard_lib.MeshJit(mesh, jax.jit(
-      with_rules(make_train_step(objective, tx, schedule, accum, config.train)),
+      with_rules(make_train_step(objective, tx, schedule, accum, config.train, view)),
       in_shardings=(state_shardings, batch_sharding),
       out_shardings=(state_shardings, replicated), donate_argnums=0,
       compiler_options=options))
   eval_step = shard_lib.MeshJit(mesh, jax.jit(
-      with_rules(make_eval_step(objective)),
+      with_rules(make_eval_step(objective, view)),
       in_shardings=(state_shardings, batch_sharding, replicated), out_shardings=replicated,
       compiler_options=options))
   return Setup(config, mesh, objective, tx, schedule, param_shardings, state_shardings,

@@ -34,14 +34,20 @@ def eval_key(index):
   return jax.random.fold_in(jax.random.PRNGKey(EVAL_SEED), index)
 
 
-def gradients(objective, trained, frozen, batch, rng, accum: int):
+def gradients(objective, trained, frozen, batch, rng, accum: int, view=None):
   """(grads of the trained collections, metric sums) of a transformed global batch,
-  in `accum` micro-batches (exact: see the module docstring)."""
+  in `accum` micro-batches (exact: see the module docstring). `view`: under
+  `mesh.shard_state_over_data`, view(loss, params) -> what the model reads of the trained
+  params (sharding.state_view), differentiated through."""
   norms = objective.normalizers(batch)
+  if view is None:
+    view = lambda p: p
+  else:
+    view = view(lambda p: objective.loss({**p, **frozen}, batch, rng, True)[0], trained)
 
   def micro(mb, micro_rng):
     def loss_fn(p):
-      terms, metrics = objective.loss({**p, **frozen}, mb, micro_rng, True)
+      terms, metrics = objective.loss({**view(p), **frozen}, mb, micro_rng, True)
       return objective.combine(terms, norms), metrics
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trained)
     return grads, metrics
@@ -67,12 +73,12 @@ def gradients(objective, trained, frozen, batch, rng, accum: int):
   return grads, sums
 
 
-def make_train_step(objective, tx, schedule, accum: int, train_cfg=None):
+def make_train_step(objective, tx, schedule, accum: int, train_cfg=None, view=None):
   from launch.trainer import guard  # pylint: disable=g-import-not-at-top
   def train_step(state: TrainState, batch):
     transform_rng, rng = jax.random.split(jax.random.fold_in(state.rng, state.step))
     batch = objective.transform(batch, transform_rng)
-    grads, sums = gradients(objective, state.params, state.frozen, batch, rng, accum)
+    grads, sums = gradients(objective, state.params, state.frozen, batch, rng, accum, view)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     sums = dict(sums, grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step))
@@ -83,10 +89,14 @@ def make_train_step(objective, tx, schedule, accum: int, train_cfg=None):
   return train_step
 
 
-def make_eval_step(objective):
+def make_eval_step(objective, view=None):
   def eval_step(state: TrainState, batch, index):
     key = eval_key(index)
     batch = objective.transform(batch, key, train=False)  # held-out masking rate
-    _, sums = objective.loss({**state.params, **state.frozen}, batch, key, False)
+    params = state.params
+    if view is not None:
+      params = view(lambda p: objective.loss({**p, **state.frozen}, batch, key, False)[0],
+                    params)(params)
+    _, sums = objective.loss({**params, **state.frozen}, batch, key, False)
     return sums
   return eval_step
