@@ -145,3 +145,22 @@ def test_the_bfloat16_view_changes_no_value(module, variant):
   wrong = jax.tree_util.tree_map_with_path(
       lambda k, f: f or jax.tree_util.keystr(k).endswith("norm']['scale']"), flags)
   assert float(grad(wrong)[0]) != float(plain[0])
+
+
+def test_cast_on_use_follows_scanned_and_rematted_layers():
+  """BERT-large's recipe scans its layers (and remat policies wrap them): the layer kernels
+  are read inside the scan body, and must still be found cast-only."""
+  c = _config(bert, "tiny", scan_layers=True, remat_policy="full", dtype="bfloat16")
+  c.mesh.shape = (1, 1, 1)
+  setup = train.build(c, synthetic.SyntheticTokenizer.for_model(c.model), jax.devices()[:1])
+  params = setup.abstract_state.params
+  objective = setup.objective
+  batch = jax.tree.map(jnp.asarray, _batch(setup, 4, 32, 0))
+  batch = jax.jit(objective.transform)(batch, jax.random.PRNGKey(1))
+  flags = sharding.cast_on_use(
+      lambda p: objective.loss({**p}, batch, jax.random.PRNGKey(2), True)[0], params,
+      jnp.bfloat16)
+  named = {jax.tree_util.keystr(k): f for k, f in jax.tree_util.tree_flatten_with_path(flags)[0]}
+  layer_kernels = [n for n in named if "['encoder']['encoder']" in n and n.endswith("['kernel']")]
+  assert layer_kernels and all(named[n] for n in layer_kernels), named
+  assert not any(f for n, f in named.items() if n.endswith("['scale']"))
