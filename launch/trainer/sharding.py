@@ -10,6 +10,7 @@ from typing import Any, Dict, Sequence, Tuple
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -37,6 +38,11 @@ def make_mesh(shape: Sequence[int], devices=None) -> Mesh:
   except Exception:  # fake CPU devices / AOT topologies without a physical layout
     arr = np.asarray(devices).reshape(shape)
   return Mesh(arr, MESH_AXES)
+
+
+def _axes(entry) -> Tuple[str, ...]:
+  """A PartitionSpec / rules entry (None, an axis name or a tuple of them) as a tuple."""
+  return (entry,) if isinstance(entry, str) else tuple(entry or ())
 
 
 def rules_tuple(rules) -> Tuple[Tuple[str, Any], ...]:
@@ -84,8 +90,7 @@ def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
 def batch_unit(mesh: Mesh, rules, accum: int = 1) -> int:
   """What a global batch's row count must be a multiple of: the data-parallel shards
   (the mesh axes `act_batch` maps to) and `accum` micro-batches per process."""
-  axes = dict(rules_tuple(rules)).get("act_batch")
-  axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+  axes = _axes(dict(rules_tuple(rules)).get("act_batch"))
   shards = math.prod(mesh.shape[a] for a in axes)
   return math.lcm(shards, accum * jax.process_count())
 
@@ -135,12 +140,11 @@ def split_over_data(params, shardings, mesh: Mesh, min_size: int = MIN_SPLIT_SIZ
   data-parallel replica then updates a 1/data share of the params and of Adam's moments
   instead of all of them."""
   n = mesh.shape["data"]
-  axes_of = lambda a: () if a is None else ((a,) if isinstance(a, str) else tuple(a))
 
   def split(leaf, s):
     if n == 1 or math.prod(leaf.shape) < min_size:
       return s
-    spec = [axes_of(a) for a in s.spec] + [()] * (len(leaf.shape) - len(s.spec))
+    spec = [_axes(a) for a in s.spec] + [()] * (len(leaf.shape) - len(s.spec))
     if any("data" in a for a in spec):
       return s
     for d, size in enumerate(leaf.shape):  # the major-most dim that still divides
@@ -164,10 +168,10 @@ def _sub_jaxprs(eqn, i):
                                 for b in eqn.params["branches"]]
   if name == "while":
     nc, nb = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+    cond, body = open_(eqn.params["cond_jaxpr"]), open_(eqn.params["body_jaxpr"])
     if i < nc:
-      return [(open_(eqn.params["cond_jaxpr"]), open_(eqn.params["cond_jaxpr"]).invars[i])]
+      return [(cond, cond.invars[i])]
     if i < nc + nb:
-      body = open_(eqn.params["body_jaxpr"])
       return [(body, body.invars[i - nc])]
     return None  # a loop carry
   subs = [open_(v) for v in eqn.params.values()
@@ -201,7 +205,6 @@ def cast_on_use(fn, params, dtype):
   `dtype` (a Dense kernel or embedding table in a bfloat16 model; not DeBERTa's float32
   relative-position table, nor a LayerNorm scale). Read off the jaxpr of `fn`, traced on
   the leaves' shapes (no computation)."""
-  import jax.numpy as jnp
   dtype = jnp.dtype(dtype)
   shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
   closed = jax.make_jaxpr(fn)(shapes)
@@ -241,7 +244,7 @@ def gathered_view(params, shardings, compute_dtype, narrow=None):
 
   def view(leaf, s, cast):
     if cast:
-      return _gather_narrow(leaf, s, jax.numpy.dtype(compute_dtype))
+      return _gather_narrow(leaf, s, jnp.dtype(compute_dtype))
     return jax.lax.with_sharding_constraint(leaf, s)
 
   return jax.tree.map(view, params, shardings, narrow)
@@ -251,7 +254,6 @@ def state_view(model_shardings, compute_dtype):
   """What the train and eval steps get under `mesh.shard_state_over_data`: view(fn,
   params) -> (p -> `gathered_view` of p), where `fn(params)` is the step's loss on the
   plain params, traced once to find the leaves to gather narrow."""
-  import jax.numpy as jnp
   narrower = jnp.dtype(compute_dtype).itemsize < 4
 
   def make(fn, params):
