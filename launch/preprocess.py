@@ -15,9 +15,20 @@ temporary file and copied to OUT through etils.epath (so OUT may be gs://), then
 `.json` sidecar marks it done: re-running the same command skips finished shards.
 `manifest.json` (counts, tokenizer fingerprint, config) is written last.
 
-Bad documents (non-UTF-8 bytes, empty documents, over-long documents, broken JSON lines)
-follow `data.bad_data` (skip and count, or an error naming file and offset); see
-`launch.data.badinput`.
+Held out: the `eval-*` shards hold the documents kept out of training: the named
+`data.eval_split`, or those whose content hash falls under `data.eval_fraction` (so a
+duplicated document is on one side only; `manifest.json`'s `held_out` says which rule).
+A held-out split that ends up empty is an error (unless `train.eval_batches=0`, or no
+held-out split is asked for: `data.eval_fraction=0` and no `data.eval_split`).
+
+Bad input (non-UTF-8 bytes, binary files and records, empty files and documents, over-long
+documents, broken JSON lines, corrupt `.gz` files and TFDS records) follows
+`data.bad_data` (skip and count, or an error naming file and offset); see
+`launch.data.badinput`. Input without one good document is an error naming the files.
+
+OUT must be absent, empty, or this tool's own earlier output (its marker file
+`encoders.outdir.MARKER`, or the `manifest.json` / shard sidecars an earlier version
+wrote): a non-empty directory of anything else is refused before anything is written.
 """
 from __future__ import annotations
 
@@ -26,6 +37,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -39,6 +51,42 @@ from launch.data import sources
 
 TOKENIZER_TRAIN_DOCS = 100_000  # sentencepiece_train learns from at most these documents
 TOKENIZER_TRAIN_CHARS = 200_000_000
+WRITER = "launch.preprocess"
+_OUR_FILES = re.compile(r"(train|eval)-\d{5}\.(json|arrayrecord)$")
+
+
+def _looks_like_our_output(names: list[str]) -> bool:
+  """Output of an earlier version of this tool (before the marker file): its manifest, or
+  shard sidecars of an interrupted run."""
+  return arrayrecord.MANIFEST in names or any(
+      _OUR_FILES.match(n) and n.endswith(".json") for n in names)
+
+
+def claim_out(out: str) -> str:
+  """Makes `out` ours (see the module docstring) or raises `outdir.OutputDirError`;
+  -> the path to write to (absolute when local)."""
+  from encoders import outdir  # pylint: disable=g-import-not-at-top
+  if "://" not in out:
+    if os.path.isdir(out) and not outdir.is_ours(out) and _looks_like_our_output(
+        os.listdir(out)):
+      outdir.write_marker(out, WRITER)
+    return outdir.claim_dir(out, f"{WRITER} --out")
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  path = epath.Path(out)
+  if path.exists():
+    if not path.is_dir():
+      raise outdir.OutputDirError(f"{WRITER} --out {out} exists and is not a directory; "
+                                  "choose a new path")
+    names = [p.name for p in path.iterdir()]
+    if names and outdir.MARKER not in names and not _looks_like_our_output(names):
+      raise outdir.OutputDirError(
+          f"{WRITER} --out {out} is a non-empty directory this project did not write (no "
+          f"{outdir.MARKER} marker); refusing to write into it: choose a new or empty "
+          "directory")
+  path.mkdir(parents=True, exist_ok=True)
+  if not (path / outdir.MARKER).exists():
+    (path / outdir.MARKER).write_text(json.dumps({"writer": WRITER}))
+  return out
 
 
 def _holdout(text: str, fraction: float) -> bool:
@@ -82,22 +130,23 @@ def stream_documents(data, bad: badinput.BadData) -> Iterator[tuple[str, str, st
     if data.eval_split:
       splits.append(("eval", data.eval_split, sources.EVAL_MAX_DOCUMENTS))
     for name, split_name, cap in splits:
-      src = sources._tfds_source(data.tfds_name, split_name, data.tfds_data_dir)  # pylint: disable=protected-access
-      n = len(src) if cap < 0 else min(cap, len(src))
-      for i in range(n):
-        value = src[i][data.text_key]
+      for i, text in sources.tfds_documents(data.tfds_name, split_name, data.tfds_data_dir,
+                                            data.text_key, cap, bad):
         where = f"TFDS {data.tfds_name}/{split_name} record {i}"
-        raw = value if isinstance(value, bytes) else str(value).encode()
-        text = badinput._check(raw, where, 0, bad)  # pylint: disable=protected-access
-        if text is None:
-          continue
-        if not text.strip():
-          bad.report("empty", where)
-          continue
         to_eval = name == "train" and not data.eval_split and _holdout(text, fraction)
         yield ("eval" if to_eval else name), where, text
     return
-  raise ValueError(f"data.source={source!r}: launch.preprocess reads one of {sources.SOURCES}")
+  raise ValueError(f"data.source={source!r}: launch.preprocess reads one of "
+                   f"{sources.DOCUMENT_SOURCES}")
+
+
+def _input_names(data) -> list[str]:
+  """The inputs of the config's source, for messages."""
+  if data.source == "text":
+    return sources.expand_globs(data.files)
+  if data.source == "tfds":
+    return [f"TFDS {data.tfds_name}/{data.train_split}"]
+  return [f"the {data.source} corpus"]
 
 
 # ---- the worker: one shard ----
@@ -219,17 +268,21 @@ def preprocess(config, out: str, *, workers: int | None = None, docs_per_shard: 
     raise ValueError(f"--docs_per_shard={docs_per_shard} must be positive")
   data = config.data
   workers = workers or os.cpu_count() or 1
-  epath.Path(out).mkdir(parents=True, exist_ok=True)
   bad = badinput.BadData.from_config(data)
+  out = claim_out(out)
 
   def first_docs():
     docs, chars = [], 0
-    for name, _, text in stream_documents(data, badinput.BadData("skip")):
+    first_bad = badinput.BadData("skip", bad.max_document_bytes, bad.min_printable_ratio)
+    for name, _, text in stream_documents(data, first_bad):
       if name == "train":
         docs.append(text)
         chars += len(text)
         if len(docs) >= TOKENIZER_TRAIN_DOCS or chars >= TOKENIZER_TRAIN_CHARS:
           break
+    if not docs:
+      raise badinput.no_documents_error(f"data.source={data.source!r}", _input_names(data),
+                                        first_bad)
     return docs
 
   tok, tok_ref = _tokenizer(config, out, first_docs)
@@ -243,6 +296,8 @@ def preprocess(config, out: str, *, workers: int | None = None, docs_per_shard: 
               "docs_per_shard": int(docs_per_shard),
               "source": sources.source_spec(data), "tokenizer": tok.fingerprint(),
               "bad_data": bad.policy, "max_document_bytes": bad.max_document_bytes}
+  if bad.min_printable_ratio != badinput.DEFAULT_MIN_PRINTABLE_RATIO:  # (earlier hashes hold)
+    settings["min_printable_ratio"] = bad.min_printable_ratio
   settings["hash"] = hashlib.sha256(json.dumps(settings, sort_keys=True,
                                                default=str).encode()).hexdigest()[:24]
 
@@ -319,14 +374,33 @@ def preprocess(config, out: str, *, workers: int | None = None, docs_per_shard: 
   totals = {s: {k: sum(e[k] for e in shards[s]) for k in ("documents", "tokens", "rows")}
             for s in shards}
   if totals["train"]["rows"] == 0:
-    raise ValueError("no training rows were written (empty corpus, or every document bad)")
+    raise badinput.no_documents_error(
+        f"no training rows were written (data.source={data.source!r})", _input_names(data),
+        bad)
+  if data.eval_split:
+    rule = "the named data.eval_split"
+  elif data.source == "default":
+    rule = "whole groups, decontaminated (launch.data.split)"
+  else:
+    rule = "sha256 of the document text < data.eval_fraction"
+  held_out = {"eval_split": data.eval_split, "eval_fraction": float(data.eval_fraction),
+              "rule": rule}
+  n_docs = totals["train"]["documents"] + totals["eval"]["documents"]
+  pipeline_lib.check_held_out(
+      config, totals["eval"]["rows"],
+      f"{totals['eval']['documents']} of {n_docs} documents were held out ({rule}; "
+      f"data.eval_fraction={held_out['eval_fraction']}, data.eval_split="
+      f"{data.eval_split!r}), giving {totals['eval']['rows']} rows; bad input: "
+      f"{bad.summary()}",
+      eval_fraction=held_out["eval_fraction"], eval_split=data.eval_split)
   manifest = {"version": 1, "seq_len": int(data.seq_len), "packing": packing,
               "pack": bool(pack), "pair_task": pair_task, "label_key": settings["label_key"],
               "ids_dtype": settings["ids_dtype"],
               "tokenizer": {"kind": tok.kind, "fingerprint": tok.fingerprint(),
                             "vocab_size": tok.vocab_size,
                             "lowercase": bool(config.tokenizer.lowercase)},
-              "shards": shards, "totals": totals, "bad_data": bad.counts,
+              "shards": shards, "totals": totals, "held_out": held_out,
+              "bad_data": bad.counts,
               "throughput": bar.rates(), "fingerprint": settings["hash"],
               "config": {"data": config.data.to_dict(),
                          "tokenizer": config.tokenizer.to_dict()}}

@@ -14,15 +14,27 @@ Position ids restart at 0 in every segment, special tokens are [CLS]/[SEP]/[PAD]
 word starts come from the tokenizer, so the decoded row equals the row the in-memory
 pipeline would build from the same pieces.
 
-Layout of DIR: `manifest.json` (counts, tokenizer fingerprint, config), `tokenizer/`
-(the tokenizer the ids belong to), `train-NNNNN.arrayrecord` and `eval-NNNNN.arrayrecord`
-shards, each with a `.json` sidecar (its counts; written last, it marks the shard done).
+Layout of DIR: `manifest.json` (counts, tokenizer fingerprint, config, and `held_out`:
+how the held-out documents were chosen), `tokenizer/` (the tokenizer the ids belong to),
+`train-NNNNN.arrayrecord` and `eval-NNNNN.arrayrecord` shards, each with a `.json` sidecar
+(its counts; written last, it marks the shard done). The `eval-*` shards are the held-out
+set: documents `launch.preprocess` kept out of every training shard (a content hash, so a
+duplicated document never lands on both sides, or the named `data.eval_split`). A run
+with `train.eval_batches > 0` on shards without held-out rows stops at start-up.
+
+Bad input (`data.bad_data`, `launch.data.badinput`): a shard that does not open, or
+whose record count differs from the manifest, is `corrupt_shard` (skipped at start-up and
+counted, or an error naming it); a record that cannot be read or decoded is
+`corrupt_record`: under "skip" the row is replaced by the next readable row (a function of
+the row index only, so a resumed run reads the same stream), never by a padding row;
+under "error" a `BadDataError` names the shard and the record.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import os
 import struct
 import time
 
@@ -35,6 +47,7 @@ RECORD_VERSION = 1
 MANIFEST = "manifest.json"
 _HEADER = struct.Struct("<BbH")
 _READ_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"  # random access
+MAX_REPLACEMENT_TRIES = 4096  # rows looked at for a readable one after a corrupt record
 log = logging.getLogger(__name__)
 
 
@@ -77,8 +90,14 @@ class RowDecoder:
     o += n * self.dtype.itemsize
     seg_n = np.frombuffer(raw, np.uint16, n, o).astype(np.int32)
     types_n = np.frombuffer(raw, np.uint8, n, o + 2 * n).astype(np.int32)
-    if body.max() >= self.vocab_size or seg_n.min() < 1:
-      raise ValueError("record holds ids outside the vocabulary or a zero segment id")
+    if body.min() < 0 or body.max() >= self.vocab_size:
+      raise ValueError(f"record holds ids outside the vocabulary [0, {self.vocab_size})")
+    if seg_n[0] != 1 or np.any(np.diff(seg_n) < 0) or np.any(np.diff(seg_n) > 1):
+      raise ValueError("record's segment ids do not number its pieces 1, 2, ...")
+    if types_n.max() > 1:
+      raise ValueError("record holds token type ids other than 0 and 1")
+    if label not in ((0, 1) if self.label_key else (0,)):
+      raise ValueError(f"record holds pair label {label}")
     t = self.seq_len
     ids = np.full((t,), self.pad_id, np.int32)
     ids[:n] = body
@@ -102,8 +121,9 @@ class ShardRows:
   """Rows of a list of shards by global index, read on demand (picklable for workers).
 
   A record that cannot be read or decoded is reported to the bad-data policy: under
-  "skip" it becomes a padding row (counts in no loss), under "error" a `BadDataError`
-  names the shard and the record.
+  "skip" the next readable row (i + 1, i + 2, ... wrapping around) is served in its place
+  and counted, never a padding row (a padding row would train on nothing, silently);
+  under "error" a `BadDataError` names the shard and the record.
   """
 
   needs_rng = False
@@ -124,30 +144,72 @@ class ShardRows:
   def __len__(self) -> int:
     return int(self.offsets[-1])
 
+  def bad_counts(self) -> dict[str, int]:
+    """{kind: count} of the corrupt records this object has met (in this process)."""
+    return self._bad.nonzero()
+
   def _reader(self, s: int):
     if s not in self._readers:
       from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
       self._readers[s] = ArrayRecordReader(self.paths[s], _READ_OPTIONS)
     return self._readers[s]
 
-  def __call__(self, i: int) -> dict[str, np.ndarray]:
+  def _read(self, i: int) -> dict[str, np.ndarray]:
     s = int(np.searchsorted(self.offsets, i, side="right")) - 1
     local = int(i - self.offsets[s])
     try:
       return self.decoder(self._reader(s).read([local])[0])
     except Exception as e:  # pylint: disable=broad-except
-      self._bad.report("corrupt_record", f"shard {self.paths[s]} record {local}", str(e))
-      d = self.decoder
-      return packing_lib.padding_row(d.seq_len, d.pad_id, d.label_key)
+      self._readers.pop(s, None)  # a reader that failed may be in a bad state
+      detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      self._bad.report("corrupt_record", f"shard {self.paths[s]} record {local}", detail)
+      return None
+
+  def __call__(self, i: int) -> dict[str, np.ndarray]:
+    n = len(self)
+    for k in range(min(n, MAX_REPLACEMENT_TRIES)):
+      row = self._read((int(i) + k) % n)
+      if row is not None:
+        return row
+    raise badinput.BadDataError(
+        f"no readable record among the {min(n, MAX_REPLACEMENT_TRIES)} rows from row {i} on "
+        f"(shards {', '.join(p.rsplit('/', 1)[-1] for p in self.paths[:3])}...): the shards "
+        "are corrupt; preprocess again")
+
+
+def check_path(path: str) -> None:
+  """One-line ValueErrors for a `data.path` that cannot hold shards (start-up check)."""
+  write = "write them with `python -m launch.preprocess --config ... --out DIR`"
+  if not path:
+    raise ValueError("data.source='arrayrecord' needs --config.data.path (the --out "
+                     "directory of launch.preprocess)")
+  if "://" in path:
+    raise ValueError(f"data.path={path!r}: shards are read with random access from a file "
+                     "path; mount the bucket (gcsfuse) or copy the shards to local disk and "
+                     "point data.path there (launch.preprocess itself can write to gs://)")
+  if not os.path.exists(path):
+    raise ValueError(f"data.path={path!r} does not exist; {write}")
+  if not os.path.isdir(path):
+    raise ValueError(f"data.path={path!r} is not a directory of shards; {write}")
+  if not os.path.isfile(os.path.join(path, MANIFEST)):
+    raise ValueError(f"data.path={path!r}: no {MANIFEST} there (not launch.preprocess "
+                     f"output, or it did not finish); {write}")
 
 
 def read_manifest(path: str) -> dict:
-  from etils import epath  # pylint: disable=g-import-not-at-top
-  f = epath.Path(path) / MANIFEST
-  if not f.exists():
-    raise ValueError(f"data.path={path!r}: no {MANIFEST} there (write the shards with "
-                     "`python -m launch.preprocess --config ... --out DIR` first)")
-  return json.loads(f.read_text())
+  check_path(path)
+  f = os.path.join(path, MANIFEST)
+  try:
+    with open(f) as fh:
+      manifest = json.load(fh)
+    for key in ("seq_len", "packing", "ids_dtype", "tokenizer", "shards", "totals",
+                "fingerprint"):
+      if key not in manifest:
+        raise ValueError(f"no {key!r} entry")
+  except (OSError, ValueError) as e:
+    raise ValueError(f"data.path={path!r}: {MANIFEST} is unreadable ({e}); preprocess "
+                     "again into a new directory") from e
+  return manifest
 
 
 def load_tokenizer(path: str, manifest: dict, tok_config):
@@ -197,13 +259,6 @@ def make_pipeline(config, workdir, *, process_index: int, process_count: int):
   t0 = time.perf_counter()
   data = config.data
   path = data.get("path", "")
-  if not path:
-    raise ValueError("data.source='arrayrecord' needs data.path (the --out of "
-                     "launch.preprocess)")
-  if "://" in path:
-    raise ValueError(f"data.path={path!r}: shards are read with random access from a file "
-                     "path; mount the bucket (gcsfuse) or copy the shards to local disk and "
-                     "point data.path there (launch.preprocess itself can write to gs://)")
   manifest = read_manifest(path)
   for key in ("seq_len", "packing"):
     if manifest[key] != data[key]:
@@ -226,15 +281,24 @@ def make_pipeline(config, workdir, *, process_index: int, process_count: int):
     paths, counts = open_shards(path, manifest["shards"][split], bad)
     rows[split] = ShardRows(paths, counts, decoder, bad.policy)
   if len(rows["train"]) == 0:
-    raise ValueError(f"data.path={path!r}: no readable training rows")
+    raise ValueError(f"data.path={path!r}: no readable training rows ({bad.summary()})")
   totals = manifest["totals"]
+  written = manifest.get("config", {}).get("data", {})
+  held = manifest.get("held_out", {})
+  pipeline_lib.check_held_out(
+      config, len(rows["eval"]),
+      f"data.path={path!r} holds {len(rows['eval'])} readable held-out rows "
+      f"({len(manifest['shards']['eval'])} eval shards, {totals['eval']['documents']} "
+      f"documents written; {bad.summary()})",
+      eval_fraction=float(held.get("eval_fraction", written.get("eval_fraction", 0.02))),
+      eval_split=held.get("eval_split", written.get("eval_split", "")))
   stats = {"train_documents": totals["train"]["documents"],
            "train_tokens": totals["train"]["tokens"],
            "eval_documents": totals["eval"]["documents"],
            "eval_tokens": totals["eval"]["tokens"],
            "train_rows": len(rows["train"]), "eval_rows": len(rows["eval"]),
            "source": "arrayrecord", "shards": len(rows["train"].paths),
-           "bad_data": {k: v for k, v in bad.counts.items() if v},
+           "bad_data": bad.nonzero(),
            "startup_s": round(time.perf_counter() - t0, 3)}
   fp_spec = {"manifest": manifest["fingerprint"],
              "shards": [p.rsplit("/", 1)[-1] for p in rows["train"].paths],

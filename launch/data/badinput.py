@@ -6,15 +6,23 @@
   preprocessing manifest and the run's data stats).
 - "error": the first bad item raises a `BadDataError` naming the kind, file and offset.
 
-Kinds: `non_utf8` (a document whose bytes are not valid UTF-8), `empty` (a document with
-no text: an empty file in `text_document="file"` mode, a JSONL record with an empty text
-field), `too_long` (a document longer than `data.max_document_bytes` bytes, e.g. one
-50 MB line), `bad_json` (a JSONL line that does not parse or lacks the text field),
-`corrupt_shard` (an ArrayRecord shard that cannot be opened) and `corrupt_record` (a
-record that cannot be read or decoded).
+Kinds: `non_utf8` (a document whose bytes are not valid UTF-8), `binary` (a file or
+document that is not text: a NUL byte, or fewer than `data.min_printable_ratio` of the
+decodable characters of its first `BINARY_SAMPLE` bytes printable or white space),
+`empty` (a file that holds no document at all, a document with no text: an empty file in
+`text_document="file"` mode, a JSONL record or TFDS record with an empty text field),
+`too_long` (a document longer than `data.max_document_bytes` bytes, e.g. one 50 MB
+line), `bad_json` (a JSONL line that does not parse or lacks the text field),
+`corrupt_file` (a `.gz` file that does not decompress), `corrupt_shard` (an ArrayRecord
+shard that cannot be opened) and `corrupt_record` (a record that cannot be read or
+decoded).
+
+Input with no good document at all is always an error, whatever the policy
+(`no_documents_error`): skipping everything would train on nothing.
 
 `stream_text_file` reads one local or gs:// file (optionally .gz) as (offset, text)
 documents without decoding the file as a whole, so each document's byte offset is known.
+`check_document` applies the document checks to the bytes of one document from any source.
 """
 from __future__ import annotations
 
@@ -22,11 +30,17 @@ import gzip
 import json
 import logging
 import re
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterator, Sequence
 
 POLICIES = ("skip", "error")
-KINDS = ("non_utf8", "empty", "too_long", "bad_json", "corrupt_shard", "corrupt_record")
+KINDS = ("non_utf8", "binary", "empty", "too_long", "bad_json", "corrupt_file",
+         "corrupt_shard", "corrupt_record")
 DEFAULT_MAX_DOCUMENT_BYTES = 8_000_000
+DEFAULT_MIN_PRINTABLE_RATIO = 0.9  # data.min_printable_ratio
+BINARY_SAMPLE = 8192  # bytes of a file (or document) the printable-ratio test reads
+# Characters that are neither printable nor white space: C0/C1 controls and DEL.
+_CONTROL = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x9f]")
 WARN_FIRST = 5  # warnings logged per kind; the rest are only counted
 _BLANK_LINES = re.compile(rb"\n[ \t\r\f\v]*\n")
 log = logging.getLogger(__name__)
@@ -39,19 +53,17 @@ class BadDataError(ValueError):
 class BadData:
   """The policy and the per-kind counts of one reader (or of one preprocessing worker)."""
 
-  def __init__(self, policy: str = "skip", max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES):
-    if policy not in POLICIES:
-      raise ValueError(f"data.bad_data={policy!r}; expected one of {POLICIES}")
-    if int(max_document_bytes) <= 0:
-      raise ValueError(f"data.max_document_bytes={max_document_bytes} must be positive")
+  def __init__(self, policy: str = "skip", max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+               min_printable_ratio: float = DEFAULT_MIN_PRINTABLE_RATIO):
+    check_settings(policy, max_document_bytes, min_printable_ratio)
     self.policy = policy
     self.max_document_bytes = int(max_document_bytes)
+    self.min_printable_ratio = float(min_printable_ratio)
     self.counts = {k: 0 for k in KINDS}
 
   @classmethod
   def from_config(cls, data) -> "BadData":
-    return cls(data.get("bad_data", "skip"),
-               data.get("max_document_bytes", DEFAULT_MAX_DOCUMENT_BYTES))
+    return cls(*settings(data))
 
   def report(self, kind: str, where: str, detail: str = "") -> None:
     """One bad item at `where` ("file at byte N", "shard S record R"): count it or raise."""
@@ -74,25 +86,114 @@ class BadData:
   def total(self) -> int:
     return sum(self.counts.values())
 
+  def nonzero(self) -> dict[str, int]:
+    """{kind: count} of the kinds seen (plain ints: JSON-serializable)."""
+    return {k: int(v) for k, v in self.counts.items() if v}
 
-def _read_bytes(path: str) -> bytes:
+  def summary(self) -> str:
+    """"3 non_utf8, 1 binary" or "nothing skipped"."""
+    seen = self.nonzero()
+    return ", ".join(f"{v} {k}" for k, v in seen.items()) if seen else "nothing skipped"
+
+
+def settings(data) -> tuple[str, int, float]:
+  """(policy, max_document_bytes, min_printable_ratio) of a config's `data` section."""
+  return (data.get("bad_data", "skip"),
+          data.get("max_document_bytes", DEFAULT_MAX_DOCUMENT_BYTES),
+          data.get("min_printable_ratio", DEFAULT_MIN_PRINTABLE_RATIO))
+
+
+def check_settings(policy, max_document_bytes, min_printable_ratio) -> None:
+  """One-line ValueErrors for bad values of the three settings."""
+  if policy not in POLICIES:
+    raise ValueError(f"data.bad_data={policy!r}; expected one of {POLICIES}")
+  try:
+    size = int(max_document_bytes)
+  except (TypeError, ValueError):
+    size = 0
+  if size <= 0:
+    raise ValueError(f"data.max_document_bytes={max_document_bytes!r} must be a positive "
+                     "number of bytes")
+  try:
+    ratio = float(min_printable_ratio)
+  except (TypeError, ValueError):
+    ratio = -1.0
+  if not 0 <= ratio <= 1:
+    raise ValueError(f"data.min_printable_ratio={min_printable_ratio!r} must be in [0, 1]")
+
+
+def no_documents_error(what: str, paths: Sequence[str], bad: BadData) -> ValueError:
+  """The error for input without a single good document: names the files and the counts."""
+  shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+  return ValueError(f"{what}: no usable document in {shown or 'the input'} ({bad.summary()}"
+                    f"; data.bad_data={bad.policy!r})")
+
+
+def binary_reason(sample: bytes, min_printable_ratio: float) -> str | None:
+  """Why `sample` (the first bytes of a file or document) is not text, or None.
+
+  Not text: a NUL byte, or fewer than `min_printable_ratio` of its characters printable or
+  white space (characters are decoded as UTF-8; undecodable bytes do not count either
+  way, so text in another encoding is `non_utf8`, not binary).
+  """
+  sample = sample[:BINARY_SAMPLE]
+  nul = sample.find(b"\x00")
+  if nul >= 0:
+    return f"a NUL byte at byte {nul} (not a text file)"
+  text = sample.decode("utf-8", errors="ignore")
+  if not text:
+    return None
+  control = len(_CONTROL.findall(text))
+  ratio = 1 - control / len(text)
+  if ratio < min_printable_ratio:
+    return (f"only {ratio:.0%} of its first {len(sample)} bytes are printable text "
+            f"(data.min_printable_ratio={min_printable_ratio})")
+  return None
+
+
+def _read_bytes(path: str, bad: BadData) -> bytes | None:
+  """The (decompressed) bytes of `path`, or None after reporting a corrupt `.gz` file."""
   from etils import epath  # pylint: disable=g-import-not-at-top
-  data = epath.Path(path).read_bytes()
-  return gzip.decompress(data) if path.endswith(".gz") else data
+  try:
+    data = epath.Path(path).read_bytes()
+  except OSError as e:
+    raise ValueError(f"cannot read {path}: {e}") from e
+  if not path.endswith(".gz"):
+    return data
+  try:
+    return gzip.decompress(data)
+  except (OSError, EOFError, zlib.error) as e:
+    bad.report("corrupt_file", f"{path}", f"not a readable gzip file: {e}")
+    return None
 
 
-def _check(raw: bytes, path: str, offset: int, bad: BadData) -> str | None:
-  """The document's text, or None (after reporting) when it is bad."""
+def check_document(raw: bytes, where: str, offset: int, bad: BadData) -> str | None:
+  """The text of one document's bytes, or None (after reporting) when it is bad.
+
+  `where` names the file (or record) and `offset` the document's first byte in it; the
+  report names the byte where the problem is. Checks: too long, binary, not UTF-8.
+  """
+  at = f"{where} at byte {offset}"
   if len(raw) > bad.max_document_bytes:
-    bad.report("too_long", f"{path} at byte {offset}",
+    bad.report("too_long", at,
                f"{len(raw)} bytes > data.max_document_bytes={bad.max_document_bytes}")
+    return None
+  nul = raw.find(b"\x00")
+  reason = (f"a NUL byte at byte {offset + nul}" if nul >= 0
+            else binary_reason(raw, bad.min_printable_ratio))
+  if reason is not None:
+    bad.report("binary", at, reason)
     return None
   try:
     text = raw.decode("utf-8")
   except UnicodeDecodeError as e:
-    bad.report("non_utf8", f"{path} at byte {offset + e.start}", str(e.reason))
+    bad.report("non_utf8", f"{where} at byte {offset + e.start}",
+               f"{e.reason} ({raw[e.start:e.start + 4]!r})")
     return None
   return text
+
+
+_check = check_document  # the earlier name
 
 
 def stream_text_file(path: str, mode: str, text_key: str, bad: BadData
@@ -101,9 +202,28 @@ def stream_text_file(path: str, mode: str, text_key: str, bad: BadData
 
   Formats as `launch.data.sources` (`*.jsonl[.gz]`: one JSON record per line; other
   files: blank-line separated documents, or the whole file with mode="file"); offsets
-  are in the decompressed bytes.
+  are in the decompressed bytes. A file that is not text (`binary_reason` of its first
+  bytes) is reported once as `binary`; a file that yields no document and had no other
+  bad input reported is reported as `empty`.
   """
-  data = _read_bytes(path)
+  before = bad.total
+  yielded = 0
+  for item in _stream_text_file(path, mode, text_key, bad):
+    yielded += 1
+    yield item
+  if not yielded and bad.total == before:
+    bad.report("empty", path, "the file holds no document")
+
+
+def _stream_text_file(path: str, mode: str, text_key: str, bad: BadData
+                      ) -> Iterator[tuple[int, str]]:
+  data = _read_bytes(path, bad)
+  if data is None:
+    return
+  reason = binary_reason(data, bad.min_printable_ratio)
+  if reason is not None:
+    bad.report("binary", path, reason)
+    return
   name = path.removesuffix(".gz")
   if name.endswith(".jsonl"):
     offset = 0
@@ -127,6 +247,9 @@ def stream_text_file(path: str, mode: str, text_key: str, bad: BadData
       if not doc:
         bad.report("empty", f"{path} line {n} (byte {start})")
         continue
+      if "\x00" in doc:
+        bad.report("binary", f"{path} line {n} (byte {start})", "a NUL character in the text")
+        continue
       yield start, doc
     return
   if mode == "file":
@@ -137,14 +260,13 @@ def stream_text_file(path: str, mode: str, text_key: str, bad: BadData
       else:
         bad.report("empty", f"{path} at byte 0")
     return
-  data = data.replace(b"\r\n", b"\n")  # offsets then count "\r\n" as one byte
-  start = 0
+  start = 0  # "\r\n" line ends: "\r" is blank space to the separator; offsets stay exact
   for m in [*_BLANK_LINES.finditer(data), None]:
     end = m.start() if m is not None else len(data)
     raw = data[start:end]
     if raw.strip():
       text = _check(raw, path, start, bad)
       if text is not None and text.strip():
-        yield start, text.strip()
+        yield start, text.strip().replace("\r\n", "\n")
     if m is not None:
       start = m.end()

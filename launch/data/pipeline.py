@@ -8,10 +8,15 @@ CheckpointManager), and `iterator_state(it)` / `restore_iterator(pipeline, state
 JSON-serializable dict for any other checkpointer.
 
 Evaluation batches are fixed: every held-out row once (this process's share, up to a
-number of batches), the last partial batch filled with `packing.padding_row`s.
+number of batches), the last partial batch filled with `packing.padding_row`s. A held-out
+split that ends up empty (every held-out document bad, too few documents for
+`data.eval_fraction`, ...) is an error unless `train.eval_batches=0` asks for no
+evaluation or the config asks for no held-out split (`data.eval_fraction=0` and no
+`data.eval_split`: a warning says there is no evaluation).
 
 All documents are tokenized once, up front, on every process (rows are then sharded);
-token ids are cached in `<workdir>/data_cache/<hash>.npz`.
+token ids are cached in `<workdir>/data_cache/<hash>.npz`, with the counts of the bad
+input skipped while reading them (`Pipeline.stats["bad_data"]`, `launch.data.badinput`).
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from launch.data import badinput
 from launch.data import packing as packing_lib
 from launch.data import sources
 from launch.data import split
@@ -32,7 +38,7 @@ from launch.data import tokenized
 from objectives import pairs
 
 PACKINGS = ("documents", "pairs")
-CACHE_VERSION = 2  # 2: the default corpus's held-out split is grouped and decontaminated
+CACHE_VERSION = 3  # 3: bad input per data.bad_data, its counts stored with the tokens
 log = logging.getLogger(__name__)
 
 Batch = dict[str, np.ndarray]
@@ -66,7 +72,9 @@ class Pipeline:
     num_eval_rows: held-out rows on this process.
     label_key: the pair label's batch key (None for documents).
     fingerprint: hash of everything that determines the row stream.
-    stats: numbers about the data (documents, tokens, padding).
+    stats: numbers about the data (documents, tokens, padding), JSON-serializable;
+      `stats["bad_data"]`: {kind: count} of the bad input skipped at start-up
+      (`bad_data()` adds what the shard readers met since).
   """
 
   def __init__(self, *, tokenizer, train_rows, eval_rows, packing: str, seq_len: int,
@@ -94,6 +102,16 @@ class Pipeline:
           f"{len(train_rows)} training rows give {self.rows_per_process} rows per process, "
           f"fewer than one batch of {self.batch_size} (data.global_batch={global_batch} over "
           f"{process_count} processes): use more data or a smaller batch")
+
+  def bad_data(self) -> dict[str, int]:
+    """{kind: count} of all bad input skipped so far: at start-up, and by the row readers
+    of this process since (ArrayRecord records read in Grain worker processes, with
+    `data.worker_count > 0`, are counted in those workers and logged there)."""
+    counts = dict(self.stats.get("bad_data", {}))
+    for rows in (self._train_rows, self._eval_rows):
+      for k, v in getattr(rows, "bad_counts", dict)().items():
+        counts[k] = counts.get(k, 0) + v
+    return counts
 
   def train_dataset(self):
     """The Grain `MapDataset` of this process's batches (infinite when num_epochs=-1)."""
@@ -221,6 +239,10 @@ def validate(config) -> None:
   data = config.data
   if data.source not in sources.SOURCES:
     raise ValueError(f"data.source={data.source!r}; expected one of {sources.SOURCES}")
+  badinput.check_settings(*badinput.settings(data))
+  if data.source == "arrayrecord":
+    from launch.data import arrayrecord  # pylint: disable=g-import-not-at-top
+    arrayrecord.check_path(data.get("path", ""))
   if data.packing not in PACKINGS:
     raise ValueError(f"data.packing={data.packing!r}; expected one of {PACKINGS}")
   pairs.check_task(data.get("pair_task", "nsp"))
@@ -248,6 +270,47 @@ def validate(config) -> None:
     raise ValueError(f"objective.nsp_prob={_nsp_prob(config)} must be in [0, 1]")
 
 
+def eval_wanted(config) -> bool:
+  """False when the run asks for no evaluation (`train.eval_batches=0`)."""
+  train = config.get("train", None)
+  return train is None or int(train.get("eval_batches", 1)) != 0
+
+
+def check_held_out(config, eval_rows: int, why: str, *, eval_fraction: float,
+                   eval_split: str) -> None:
+  """Raises a one-line ValueError when the held-out split has no rows but one is wanted.
+
+  Wanted: the run evaluates (`train.eval_batches` is not 0) and the data asks for a
+  held-out split (`eval_fraction > 0` or a named `eval_split`). With neither a held-out
+  split nor `train.eval_batches=0`, a warning says there will be no evaluation.
+  """
+  if eval_rows > 0 or not eval_wanted(config):
+    return
+  if not eval_split and float(eval_fraction) <= 0:
+    log.warning("no held-out data (data.eval_fraction=0 and no data.eval_split): this run "
+                "has no evaluation")
+    return
+  raise ValueError(f"the held-out split is empty: {why}; use more documents, a larger "
+                   "data.eval_fraction or a data.eval_split, or set "
+                   "--config.train.eval_batches=0 to train without evaluation")
+
+
+def _held_out_why(data, train_docs: int, eval_docs: int, bad: dict) -> str:
+  if data.eval_split:
+    head = f"data.eval_split={data.eval_split!r} gave {eval_docs} usable documents"
+  else:
+    head = (f"data.eval_fraction={float(data.eval_fraction)} of {train_docs + eval_docs} "
+            f"usable documents held out {eval_docs}")
+    if data.source == "default":
+      head += " (after dropping held-out text shared with training)"
+  if eval_docs:
+    head += ", which give no held-out rows"
+    if data.packing == "pairs":
+      head += f" (pairs need at least {pairs.MIN_DOCUMENTS[data.get('pair_task', 'nsp')]})"
+  skipped = ", ".join(f"{v} {k}" for k, v in bad.items())
+  return head + (f"; bad input skipped: {skipped}" if skipped else "")
+
+
 def make_pipeline(config, workdir: str | None, *, process_index: int | None = None,
                   process_count: int | None = None) -> Pipeline:
   """Builds tokenizer, rows and iteration from `config.data` / `config.tokenizer`.
@@ -261,11 +324,11 @@ def make_pipeline(config, workdir: str | None, *, process_index: int | None = No
   Returns:
     A `Pipeline`; `global_batch` must be divisible by `process_count`.
   """
+  validate(config)
   if config.data.source == "arrayrecord":  # pretokenized shards (launch.preprocess)
     from launch.data import arrayrecord  # pylint: disable=g-import-not-at-top
     return arrayrecord.make_pipeline(config, workdir, **dict(zip(
         ("process_index", "process_count"), _process_info(process_index, process_count))))
-  validate(config)
   data = config.data
   process_index, process_count = _process_info(process_index, process_count)
   if int(data.global_batch) % process_count:
@@ -277,27 +340,33 @@ def make_pipeline(config, workdir: str | None, *, process_index: int | None = No
   seed = int(data.shuffle_seed)
   nsp_prob = _nsp_prob(config)
 
-  documents = functools.cache(lambda: sources.load_documents(data))
+  bad = badinput.BadData.from_config(data)
+  documents = functools.cache(lambda: sources.load_documents(data, bad))
   tokenizer = tokenization.make_tokenizer(config.tokenizer, workdir, lambda: documents()[0])
   t_tok = time.perf_counter()
 
   unit = "document" if packing == "documents" else "sentence"
   key_spec = {"version": CACHE_VERSION, "data": sources.source_spec(data),
               "tokenizer": tokenizer.fingerprint(), "unit": unit,
-              "max_unit_chars": tokenized.MAX_UNIT_CHARS}
+              "max_unit_chars": tokenized.MAX_UNIT_CHARS,
+              "bad_data": badinput.settings(data)}
   key = hashlib.sha256(json.dumps(key_spec, sort_keys=True, default=str).encode()).hexdigest()
   cache_path = f"{workdir}/data_cache/{key[:24]}.npz" if workdir else None
   arrays = tokenized.load_npz(cache_path) if cache_path else None
-  if arrays is not None:
+  if arrays is not None and "bad_data" in arrays:
     train_tok = tokenized.TokenizedDocuments.from_arrays("train", arrays)
     eval_tok = tokenized.TokenizedDocuments.from_arrays("eval", arrays)
+    bad_counts = {k: int(v) for k, v in json.loads(str(arrays["bad_data"])).items()}
   else:
+    arrays = None
     train_docs, eval_docs = documents()
     train_tok = tokenized.tokenize_documents(tokenizer, train_docs, unit)
     eval_tok = tokenized.tokenize_documents(tokenizer, eval_docs, unit)
+    bad_counts = bad.nonzero()
     if cache_path and process_index == 0:
       tokenized.save_npz(cache_path, {**train_tok.to_arrays("train"),
-                                      **eval_tok.to_arrays("eval")})
+                                      **eval_tok.to_arrays("eval"),
+                                      "bad_data": np.array(json.dumps(bad_counts))})
   if train_tok.num_tokens == 0:
     raise ValueError("the training documents tokenize to nothing")
   t_data = time.perf_counter()
@@ -316,6 +385,10 @@ def make_pipeline(config, workdir: str | None, *, process_index: int | None = No
     eval_rows = (build(eval_tok) if eval_tok.num_documents >= pairs.MIN_DOCUMENTS[pair_task]
                  else [])
   t_rows = time.perf_counter()
+  check_held_out(config, len(eval_rows),
+                 _held_out_why(data, train_tok.num_documents, eval_tok.num_documents,
+                               bad_counts),
+                 eval_fraction=float(data.eval_fraction), eval_split=data.eval_split)
 
   stats = {
       "train_documents": train_tok.num_documents, "train_tokens": train_tok.num_tokens,
@@ -323,6 +396,7 @@ def make_pipeline(config, workdir: str | None, *, process_index: int | None = No
       "train_rows": len(train_rows), "eval_rows": len(eval_rows),
       "tokenizer_s": round(t_tok - t0, 3), "tokenize_s": round(t_data - t_tok, 3),
       "rows_s": round(t_rows - t_data, 3), "cached": arrays is not None,
+      "bad_data": bad_counts,
   }
   if packing == "documents":
     stats["fill"] = round(train_rows.content_tokens / max(1, len(train_rows) * seq_len), 4)

@@ -15,33 +15,37 @@
   which reads ArrayRecord files without TensorFlow (never downloads); text field
   `data.text_key`.
 
+- `arrayrecord`: pretokenized rows in the shards `launch.preprocess` wrote to `data.path`
+  (`launch.data.arrayrecord`; nothing is read here).
+
 For `text` and `tfds`, the evaluation documents are the named `data.eval_split`,
 otherwise a fixed fraction (`data.eval_fraction`) of the documents chosen by a fixed seed
 (independent of `shuffle_seed`, so runs with different seeds share one held-out set).
+
+Bad input (`data.bad_data`, `data.max_document_bytes`, `data.min_printable_ratio`; see
+`launch.data.badinput`) is skipped and counted, or stops the run naming the file and the
+byte offset (text) or record (TFDS): undecodable bytes, binary files or records, over-long
+documents, empty files and records, broken JSON lines, corrupt `.gz` files and unreadable
+TFDS records. Input without one good training document is an error naming the files.
 """
 from __future__ import annotations
 
 import glob as globlib
-import gzip
-import json
+import logging
 import os
 import re
+from collections.abc import Iterator
 
+from launch.data import badinput
 from launch.data import corpus
 from launch.data import split
 
-SOURCES = ("default", "text", "tfds")
+DOCUMENT_SOURCES = ("default", "text", "tfds")  # read as documents (and by launch.preprocess)
+SOURCES = (*DOCUMENT_SOURCES, "arrayrecord")
 TEXT_DOCUMENT_MODES = ("blank_line", "file")
 EVAL_MAX_DOCUMENTS = 20_000  # read at most this many documents of a named eval split
-_BLANK_LINES = re.compile(r"\n[ \t\r\f\v]*\n")
-
-
-def _read_text(path: str) -> str:
-  from etils import epath  # pylint: disable=g-import-not-at-top
-  data = epath.Path(path).read_bytes()
-  if path.endswith(".gz"):
-    data = gzip.decompress(data)
-  return data.decode("utf-8", errors="replace")
+TFDS_READ_BATCH = 1024
+log = logging.getLogger(__name__)
 
 
 def expand_globs(spec: str, what: str = "data.files") -> list[str]:
@@ -66,34 +70,14 @@ def expand_globs(spec: str, what: str = "data.files") -> list[str]:
   return list(dict.fromkeys(out))
 
 
-def _file_documents(path: str, mode: str, text_key: str) -> list[str]:
-  text = _read_text(path)
-  name = path[:-3] if path.endswith(".gz") else path
-  if name.endswith(".jsonl"):
-    docs = []
-    for n, line in enumerate(text.splitlines(), 1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{n}: not a JSON line: {e}") from e
-      if not isinstance(record, dict) or text_key not in record:
-        raise ValueError(f"{path}:{n}: no {text_key!r} field (data.text_key)")
-      docs.append(str(record[text_key]))
-  elif mode == "file":
-    docs = [text]
-  else:
-    docs = _BLANK_LINES.split(text.replace("\r\n", "\n"))
-  return [d.strip() for d in docs if d.strip()]
-
-
-def _text_documents(spec: str, mode: str, text_key: str, limit: int, what: str) -> list[str]:
+def _text_documents(spec: str, mode: str, text_key: str, limit: int, what: str,
+                    bad: badinput.BadData) -> list[str]:
   docs = []
   for path in expand_globs(spec, what):
-    docs.extend(_file_documents(path, mode, text_key))
-    if 0 <= limit <= len(docs):
-      return docs[:limit]
+    for _, text in badinput.stream_text_file(path, mode, text_key, bad):
+      docs.append(text)
+      if 0 <= limit <= len(docs):
+        return docs[:limit]
   return docs
 
 
@@ -110,24 +94,64 @@ def _tfds_source(name: str, split_name: str, data_dir: str):
                      f"nothing is downloaded): {e}") from e
 
 
-def _tfds_documents(name: str, split_name: str, data_dir: str, text_key: str,
-                    limit: int) -> list[str]:
+def _first_line(e: Exception) -> str:
+  text = str(e).strip()
+  return text.splitlines()[0] if text else type(e).__name__
+
+
+def _tfds_read(source, idx: list[int], where: str, bad: badinput.BadData) -> list:
+  """The records at `idx` (None for each one that cannot be read, after reporting it)."""
+  try:
+    if hasattr(source, "__getitems__"):
+      return list(source.__getitems__(idx))
+    return [source[i] for i in idx]
+  except Exception:  # pylint: disable=broad-except
+    pass  # one bad record fails the whole read: find it, record by record
+  out = []
+  for i in idx:
+    try:
+      out.append(source[i])
+    except Exception as e:  # pylint: disable=broad-except
+      bad.report("corrupt_record", f"{where} record {i}", _first_line(e))
+      out.append(None)
+  return out
+
+
+def tfds_documents(name: str, split_name: str, data_dir: str, text_key: str, limit: int,
+                   bad: badinput.BadData) -> Iterator[tuple[int, str]]:
+  """(record index, text) of a TFDS split's good records, in order (at most `limit`
+  records read; -1: all); bad records per `bad` (`launch.data.badinput`)."""
   source = _tfds_source(name, split_name, data_dir)
   n = len(source) if limit < 0 else min(limit, len(source))
-  docs = []
-  for lo in range(0, n, 1024):
-    idx = list(range(lo, min(n, lo + 1024)))
-    records = source.__getitems__(idx) if hasattr(source, "__getitems__") else [
-        source[i] for i in idx]
-    for record in records:
+  where = f"TFDS {name}/{split_name}"
+  for lo in range(0, n, TFDS_READ_BATCH):
+    idx = list(range(lo, min(n, lo + TFDS_READ_BATCH)))
+    for i, record in zip(idx, _tfds_read(source, idx, where, bad)):
+      if record is None:
+        continue
       if text_key not in record:
-        raise ValueError(f"TFDS {name}/{split_name}: no feature {text_key!r} "
-                         f"(data.text_key); features: {sorted(record)}")
+        raise ValueError(f"{where}: no feature {text_key!r} (data.text_key); features: "
+                         f"{sorted(record)}")
       value = record[text_key]
-      text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
-      if text.strip():
-        docs.append(text)
-  return docs
+      if isinstance(value, bytes):
+        text = badinput.check_document(value, f"{where} record {i}", 0, bad)
+      else:
+        text = str(value)
+        if len(text.encode("utf-8", "surrogatepass")) > bad.max_document_bytes:
+          bad.report("too_long", f"{where} record {i}",
+                     f"more than data.max_document_bytes={bad.max_document_bytes} bytes")
+          continue
+      if text is None:
+        continue
+      if not text.strip():
+        bad.report("empty", f"{where} record {i}", f"an empty {text_key!r}")
+        continue
+      yield i, text
+
+
+def _tfds_documents(name: str, split_name: str, data_dir: str, text_key: str, limit: int,
+                    bad: badinput.BadData) -> list[str]:
+  return [t for _, t in tfds_documents(name, split_name, data_dir, text_key, limit, bad)]
 
 
 def default_split(max_documents: int, fraction: float) -> tuple[list[str], list[str]]:
@@ -139,10 +163,16 @@ def default_split(max_documents: int, fraction: float) -> tuple[list[str], list[
   return train, split.decontaminate(train, held_out)
 
 
-def load_documents(data) -> tuple[list[str], list[str]]:
-  """(train documents, eval documents) for the config's `data` section."""
+def load_documents(data, bad: badinput.BadData | None = None
+                   ) -> tuple[list[str], list[str]]:
+  """(train documents, eval documents) for the config's `data` section.
+
+  Bad input follows `bad` (default: the config's policy), which counts what is skipped.
+  No good training document at all is an error naming the input (whatever the policy).
+  """
   source, limit = data.source, int(data.max_documents)
   fraction = float(data.eval_fraction)
+  bad = bad if bad is not None else badinput.BadData.from_config(data)
   if source == "default":
     if data.eval_split:
       raise ValueError("source=default has no named splits; leave data.eval_split empty "
@@ -150,23 +180,28 @@ def load_documents(data) -> tuple[list[str], list[str]]:
     return default_split(limit, fraction)
   if source == "text":
     mode = data.get("text_document", "blank_line")
-    train = _text_documents(data.files, mode, data.text_key, limit, "data.files")
+    train = _text_documents(data.files, mode, data.text_key, limit, "data.files", bad)
     if not train:
-      raise ValueError(f"data.files={data.files!r}: the files hold no text")
+      raise badinput.no_documents_error(f"data.files={data.files!r}",
+                                        expand_globs(data.files), bad)
     if data.eval_split:
       return train, _text_documents(data.eval_split, mode, data.text_key,
-                                    EVAL_MAX_DOCUMENTS, "data.eval_split")
+                                    EVAL_MAX_DOCUMENTS, "data.eval_split", bad)
     return split.random_holdout(train, fraction)
   if source == "tfds":
     train = _tfds_documents(data.tfds_name, data.train_split, data.tfds_data_dir,
-                            data.text_key, limit)
+                            data.text_key, limit, bad)
     if not train:
-      raise ValueError(f"TFDS {data.tfds_name}/{data.train_split} has no non-empty text")
+      raise badinput.no_documents_error(f"data.tfds_name={data.tfds_name!r}",
+                                        [f"TFDS {data.tfds_name}/{data.train_split}"], bad)
     if data.eval_split:
       cap = EVAL_MAX_DOCUMENTS if limit < 0 else min(limit, EVAL_MAX_DOCUMENTS)
       return train, _tfds_documents(data.tfds_name, data.eval_split, data.tfds_data_dir,
-                                    data.text_key, cap)
+                                    data.text_key, cap, bad)
     return split.random_holdout(train, fraction)
+  if source == "arrayrecord":
+    raise ValueError("data.source='arrayrecord' holds pretokenized rows, not documents "
+                     "(launch.data.arrayrecord reads them)")
   raise ValueError(f"data.source={source!r}; expected one of {SOURCES}")
 
 

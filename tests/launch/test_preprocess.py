@@ -184,19 +184,40 @@ def test_corrupt_shard_skipped_or_named(spm_path, tmp_path):
     pipeline_lib.make_pipeline(ac, None, process_index=0, process_count=1)
 
 
-def test_corrupt_record_becomes_padding_or_error(spm):
+def _shard_with_a_bad_record(spm, path, bad_at=2, n=5):
+  """A shard of `n` document rows whose record `bad_at` is not a row record; -> the rows."""
+  from array_record.python.array_record_module import ArrayRecordWriter
+  from launch.data import packing, tokenized
+  tok = tokenized.tokenize_documents(spm, _docs(n), "document")
+  rows = packing.pack_documents(tok, spm, 16)
+  good = [rows(i) for i in range(n)]
+  w = ArrayRecordWriter(str(path), "group_size:1")
+  for i, row in enumerate(good):
+    w.write(b"\x07garbage" if i == bad_at else arrayrecord.encode_row(row, "uint16"))
+  w.close()
+  return good
+
+
+def test_corrupt_record_is_replaced_by_a_readable_row_never_padding(spm, tmp_path):
   dec = arrayrecord.RowDecoder(16, "uint16", spm.vocab_size, spm.cls_id, spm.sep_id,
                                spm.pad_id, spm.word_start, None)
+  shard = tmp_path / "train-00000.arrayrecord"
+  good = _shard_with_a_bad_record(spm, shard)
+  rows = arrayrecord.ShardRows([str(shard)], [5], dec, "skip")
+  row = rows(2)  # record 2 is corrupt: the next readable row (3) is served
+  assert row["segment_ids"].any() and not row["special_tokens_mask"].all()
+  np.testing.assert_array_equal(row["input_ids"], good[3]["input_ids"])
+  np.testing.assert_array_equal(rows(4)["input_ids"], good[4]["input_ids"])
+  assert rows.bad_counts() == {"corrupt_record": 1}
+  with pytest.raises(badinput.BadDataError, match="train-00000.arrayrecord record 2"):
+    arrayrecord.ShardRows([str(shard)], [5], dec, "error")(2)
 
   class Broken(arrayrecord.ShardRows):
     def _reader(self, s):
       raise OSError("checksum mismatch")
 
-  rows = Broken(["/x/train-00000.arrayrecord"], [3], dec, "skip")
-  row = rows(2)
-  assert not row["segment_ids"].any() and row["special_tokens_mask"].all()
-  with pytest.raises(badinput.BadDataError, match="train-00000.arrayrecord record 2"):
-    Broken(["/x/train-00000.arrayrecord"], [3], dec, "error")(2)
+  with pytest.raises(badinput.BadDataError, match="no readable record"):
+    Broken([str(shard)], [5], dec, "skip")(2)
 
 
 @pytest.mark.slow  # builds a TFDS dataset: over a minute under load
