@@ -103,7 +103,7 @@ def base_config():
   c.tokenizer.train_sentences = 200_000
 
   c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.name = "adamw"  # adamw | lamb
+  c.optimizer.name = "adamw"  # adamw | lamb | stable_adamw
   c.optimizer.learning_rate = 1e-4
   c.optimizer.b1 = 0.9
   c.optimizer.b2 = 0.999
@@ -112,7 +112,7 @@ def base_config():
   c.optimizer.schedule = "linear"  # linear | cosine | wsd | constant
   c.optimizer.warmup_steps = 100
   c.optimizer.decay_fraction = 0.1  # wsd: fraction of steps spent decaying
-  c.optimizer.clip_norm = 1.0  # <= 0 disables
+  c.optimizer.clip_norm = 1.0  # 0 disables
   c.optimizer.grad_accum_steps = 1
 
   c.train = ml_collections.ConfigDict()
@@ -127,6 +127,19 @@ def base_config():
   c.train.nonfinite_policy = "stop"
   c.train.grad_spike_factor = 0.0  # > 1: a norm above factor x its running mean is a spike
   c.train.grad_spike_warmup = 100  # accepted steps before spikes are looked for
+  # nonfinite_policy=skip stops the run (an error, non-zero exit) after this many skipped
+  # updates in a row: a healthy run skips rarely and never for long; 10 in a row means it
+  # has diverged (or its input is bad), and going on only burns the job's time.
+  c.train.max_consecutive_skips = 10
+  # ... and at the end refuses to export a run that skipped more than this fraction of its
+  # steps (a run that skipped 9 of 10 updates must not look finished). 1.0: no limit.
+  c.train.max_skipped_fraction = 0.25
+  # A resume checks the work directory's run_fingerprint.json (launch/trainer/
+  # fingerprint.py: the model, tokenizer, data, objective and optimizer.name settings)
+  # and refuses other settings, listing them. Comma-separated keys (or whole sections,
+  # e.g. 'objective') that may differ on purpose: 'objective.mask_rate,data.files'.
+  # A longer train.steps never needs it.
+  c.train.allow_config_change = ""
   # JAX's persistent compilation cache: a restarted run reads its compiled programs back
   # instead of compiling again ("" off; launch/trainer/compile_cache.py).
   c.train.compilation_cache_dir = "{workdir}/compilation_cache"

@@ -6,7 +6,14 @@
       --config.init_from=/path/to/hf_dir     # continued pretraining from an HF directory
 
 The config is locked: an override of a key that does not exist is an error. A run in a
-workdir that already holds checkpoints resumes from the latest one.
+workdir that already holds checkpoints resumes from the latest one, if its settings are
+the run's (launch/trainer/fingerprint.py; allow intended changes with
+--config.train.allow_config_change='key1,key2'). A workdir is refused when it is a
+non-empty directory this project did not write, or when another trainer holds it.
+
+Exit status: 0 done (or stopped by SIGTERM with a checkpoint); 2 a bad setting or a
+refused workdir, said in one line before anything is written; 1 a run that diverged
+(NaN/inf under train.nonfinite_policy=stop, too many skipped updates under skip).
 """
 import logging
 import os
@@ -51,6 +58,8 @@ def main(argv):
     result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except cli.ConfigError as e:  # a start-up check: one line, exit 2, nothing written
     cli.fail(str(e))
+  except FloatingPointError as e:  # diverged (guard.py): one line, exit 1
+    cli.fail(" ".join(str(e).split()), code=1)
   ev = result["eval"]
   if ev:
     print("final eval: " + "  ".join(f"{k} {v:.4f}" for k, v in sorted(ev.items())

@@ -7,6 +7,8 @@ objective or a batch key. An objective states:
   "encoder"; ELECTRA: "generator" + "discriminator"; distillation: + "teacher");
 - `trained` / `frozen`: which collections the optimizer updates. Frozen ones are kept out
   of the optimizer entirely: no optimizer state, no weight decay, no update;
+- `check_config(config)` (a classmethod, at start-up): one-line errors for its bad
+  settings (enums, rates), before any data work;
 - `prepare_config(config)` (a classmethod, run before the data pipeline is built): config
   changes the objective implies, e.g. `init_from` (continued pretraining: the model
   section and the tokenizer come from an HF directory);
@@ -90,6 +92,14 @@ class Objective:
   tokenizer = None
 
   # -------------------------------------------------------------------- config, init
+
+  @classmethod
+  def check_config(cls, config):
+    """Start-up validation of the objective's settings, before any data work (the
+    trainer's launch/trainer/checks.py): raises a one-line ValueError naming the key.
+    Default: the masking settings every masked-LM-style objective reads, where present."""
+    from objectives import masking
+    masking.check_config(config.objective, int(config.data.seq_len))
 
   @classmethod
   def prepare_config(cls, config):

@@ -148,6 +148,30 @@ def _hook(cfg, name):
 class Distillation(mlm.MaskedLM):
   """A frozen teacher (collection "teacher") and a trained student ("encoder")."""
 
+  @classmethod
+  def check_config(cls, config):
+    """The masking settings, the temperature, the loss weights, ce_positions and the
+    student_init spelling (one-line errors; the layer count is checked at init)."""
+    super().check_config(config)
+    o = config.objective
+    t = o.get("temperature", 1.0)
+    if not isinstance(t, (int, float)) or not t > 0:
+      raise ValueError(f"objective.temperature={t!r} must be > 0")
+    alphas = {k: o.get(k, 0.0) for k in ("alpha_ce", "alpha_mlm", "alpha_cos", "alpha_mse")}
+    bad = {k: v for k, v in alphas.items() if not isinstance(v, (int, float)) or v < 0}
+    if bad or not any(alphas.values()):
+      raise ValueError(f"objective alphas must be numbers >= 0 and not all 0, got {alphas}")
+    if o.get("ce_positions", "all") not in ("all", "masked"):
+      raise ValueError(f"objective.ce_positions={o.ce_positions!r}; choose from "
+                       "('all', 'masked')")
+    spec = str(o.get("student_init", "every_other")).strip()
+    if spec not in ("every_other", "random"):
+      try:
+        [int(x) for x in spec.split(",")]
+      except ValueError:
+        raise ValueError(f"objective.student_init={spec!r}: use 'every_other', 'random' or "
+                         "a comma-separated list of teacher layers") from None
+
   def __init__(self, config, tokenizer):
     c = ml_collections.ConfigDict(config.to_dict())
     c.objective.name = "mlm"

@@ -59,6 +59,37 @@ def rates_and_budgets(cfg, seq_len: int):
           False: (held_out, prediction_budget(held_out, seq_len, cap))}
 
 
+def check_config(cfg, seq_len: int) -> None:
+  """The masking settings of an objective section (those it has), checked at start-up:
+  `mask_rate` in (0, 1], `eval_mask_rate` in [0, 1] (0: `mask_rate`), `mask_token_prob`
+  and `random_token_prob` in [0, 1] with a sum <= 1, `whole_word` a bool, and
+  `max_predictions` (via `rates_and_budgets`). Raises a one-line ValueError."""
+  if "mask_rate" not in cfg:
+    return
+  rate = cfg.mask_rate
+  if not isinstance(rate, numbers.Real) or not 0.0 < float(rate) <= 1.0:
+    raise ValueError(f"objective.mask_rate={rate!r} must be in (0, 1] (the fraction of "
+                     "tokens masked; BERT: 0.15)")
+  ev = cfg.get("eval_mask_rate", 0.0)
+  if not isinstance(ev, numbers.Real) or not 0.0 <= float(ev) <= 1.0:
+    raise ValueError(f"objective.eval_mask_rate={ev!r} must be in [0, 1] (0: mask_rate)")
+  probs = {}
+  for key in ("mask_token_prob", "random_token_prob"):
+    v = cfg.get(key, 0.0)
+    if not isinstance(v, numbers.Real) or not 0.0 <= float(v) <= 1.0:
+      raise ValueError(f"objective.{key}={v!r} must be in [0, 1] (of the selected tokens)")
+    probs[key] = float(v)
+  if sum(probs.values()) > 1.0 + 1e-9:
+    raise ValueError(f"objective.mask_token_prob={probs['mask_token_prob']} + "
+                     f"random_token_prob={probs['random_token_prob']} must be <= 1 (the "
+                     "rest of the selected tokens stay unchanged)")
+  ww = cfg.get("whole_word", False)
+  if not isinstance(ww, bool):
+    raise ValueError(f"objective.whole_word={ww!r} must be True or False")
+  if "max_predictions" in cfg:
+    rates_and_budgets(cfg, seq_len)
+
+
 def prediction_budget(mask_rate: float, seq_len: int, max_predictions: int) -> int:
   """How many masked positions per row the MLM head is computed on (the width M of the
   gathered `masked_positions`), from `objective.max_predictions`:

@@ -174,6 +174,22 @@ def _shape(x):
 class ReplacedTokenDetection(Objective):
   """Generator MLM + disc_weight x discriminator BCE (module docstring)."""
 
+  @classmethod
+  def check_config(cls, config):
+    """The masking settings, and this objective's enums and numbers (one-line errors)."""
+    super().check_config(config)
+    c = config.objective
+    if str(c.get("sharing", "tied")) not in SHARING:
+      raise ValueError(f"objective.sharing={c.get('sharing')!r}; choose from {SHARING}")
+    if str(c.get("rtd_positions", "all")) not in RTD_POSITIONS:
+      raise ValueError(f"objective.rtd_positions={c.get('rtd_positions')!r}; choose from "
+                       f"{RTD_POSITIONS}")
+    for key, default in (("temperature", 1.0), ("disc_weight", 50.0)):
+      v = c.get(key, default)
+      if not isinstance(v, (int, float)) or not v > 0:
+        raise ValueError(f"objective.{key}={v!r} must be > 0")
+    generator_config(config.model, c)  # generator_width / generator_depth
+
   def __init__(self, config, tokenizer):
     self.name = "rtd"
     c = self.cfg = config.objective

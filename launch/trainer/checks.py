@@ -4,6 +4,10 @@ tokenizer is trained, data cached or anything written to the work directory.
 `check(config, devices)` returns a private, unlocked copy of the config (with a warmup
 longer than the run clamped, said in a printed note) or raises `cli.ConfigError`, one
 line naming the key, its value and the fix. Checked:
+- every enum, range and rate: `data.bad_data`, `train.nonfinite_policy` and the other
+  guard settings, the optimizer's name, schedule, b1/b2, eps, weight decay, clip norm,
+  the model's dropout probabilities, activations and norm epsilons (`_check_settings`),
+  and the objective's own (`Objective.check_config`: masking rates, enums);
 - the data and tokenizer sections (`launch.data.pipeline.validate`), the objective, the
   model family;
 - files that must exist: `data.files` (and a glob `data.eval_split`) for source=text,
@@ -59,6 +63,96 @@ def _check_steps(config):
     _fail(f"optimizer.warmup_steps={config.optimizer.warmup_steps} must be >= 0")
   if int(config.optimizer.get("grad_accum_steps", 1)) < 1:
     _fail(f"optimizer.grad_accum_steps={config.optimizer.grad_accum_steps} must be >= 1")
+
+
+def _enum(key: str, value, choices) -> None:
+  if value not in choices:
+    _fail(f"{key}={value!r}; expected one of {tuple(choices)}")
+
+
+def _number(key: str, value, low=None, high=None, low_open=False, high_open=False,
+            integer=False) -> None:
+  """`value` a (finite) number within the bounds, else one line naming the range."""
+  kind = "an integer" if integer else "a number"
+  ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+  ok = ok and not isinstance(value, bool) and math.isfinite(value)
+  if ok and low is not None:
+    ok = value > low if low_open else value >= low
+  if ok and high is not None:
+    ok = value < high if high_open else value <= high
+  if ok:
+    return
+  if low is not None and high is not None:
+    rng = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+  elif low is not None:
+    rng = f"{'>' if low_open else '>='} {low}"
+  else:
+    rng = f"{'<' if high_open else '<='} {high}"
+  _fail(f"{key}={value!r} must be {kind} {rng}; set --config.{key}")
+
+
+BAD_DATA_POLICIES = ("skip", "error")
+_ACTIVATION_KEYS = ("hidden_act", "hidden_activation", "classifier_activation",
+                    "pooler_hidden_act", "conv_act")
+
+
+def _check_settings(config):
+  """Every enum, range and rate of the data, train, optimizer, checkpoint and model
+  sections (the objective's own: its `check_config`), in one line each."""
+  from launch.trainer import fingerprint as fp_lib
+  from launch.trainer import guard as guard_lib
+  from launch.trainer import optim
+  data, t, opt = config.data, config.train, config.optimizer
+  if "bad_data" in data:
+    _enum("data.bad_data", data.bad_data, BAD_DATA_POLICIES)
+  if "max_document_bytes" in data:
+    _number("data.max_document_bytes", data.max_document_bytes, 1, integer=True)
+  if int(data.get("max_documents", -1)) != -1:
+    _number("data.max_documents", data.max_documents, 1, integer=True)
+  _number("data.worker_count", data.get("worker_count", 0), 0, integer=True)
+  _number("data.eval_fraction", data.get("eval_fraction", 0.0), 0, 1, high_open=True)
+  _as_error(guard_lib.settings, t)  # nonfinite_policy, grad_spike_factor / _warmup
+  _number("train.max_consecutive_skips", t.get("max_consecutive_skips", 1), 1,
+          integer=True)
+  _number("train.max_skipped_fraction", t.get("max_skipped_fraction", 1.0), 0, 1,
+          low_open=True)
+  for entry in fp_lib.parse_allowed(t.get("allow_config_change", "")):
+    msg = fp_lib.allowed_entry_error(entry)
+    if msg:
+      _fail(msg)
+  _enum("optimizer.name", str(opt.get("name", "adamw")).lower(), optim.OPTIMIZERS)
+  _enum("optimizer.schedule", str(opt.get("schedule", "linear")).lower(), optim.SCHEDULES)
+  _number("optimizer.learning_rate", opt.learning_rate, 0)
+  for key in ("b1", "b2"):
+    if key in opt:
+      _number(f"optimizer.{key}", opt[key], 0, 1, high_open=True)
+  if "eps" in opt:
+    _number("optimizer.eps", opt.eps, 0, low_open=True)
+  for key in ("weight_decay", "clip_norm"):
+    if key in opt:
+      _number(f"optimizer.{key}", opt[key], 0)
+  if "decay_fraction" in opt:
+    _number("optimizer.decay_fraction", opt.decay_fraction, 0, 1)
+  ck = config.get("checkpoint", {})
+  if "keep" in ck:
+    _number("checkpoint.keep", ck["keep"], 1, integer=True)
+  m = config.model
+  for key, value in m.items():
+    if "dropout" in key and isinstance(value, (int, float)):
+      _number(f"model.{key}", value, 0, 1, high_open=True)
+  from encoders.layers import core
+  for key in _ACTIVATION_KEYS:
+    if key in m and m[key]:
+      try:
+        core.activation(m[key])
+      except ValueError:
+        _fail(f"model.{key}={m[key]!r}; expected one of "
+              f"{tuple(sorted(core._ACTIVATIONS))}")  # noqa: SLF001 - the one table
+  for key in ("layer_norm_eps", "norm_eps"):
+    if key in m:
+      _number(f"model.{key}", m[key], 0, low_open=True)
+  if "initializer_range" in m:
+    _number("model.initializer_range", m.initializer_range, 0, low_open=True)
 
 
 def clamp_warmup(config) -> str | None:
@@ -144,8 +238,10 @@ def check(config, devices=None) -> ml_collections.ConfigDict:
   from launch.data import pipeline as pipeline_lib
   out = ml_collections.ConfigDict(config.to_dict())
   _check_steps(out)
+  _check_settings(out)
   _as_error(pipeline_lib.validate, out)
   _as_error(objectives.objective_class, out)
+  _as_error(objectives.objective_class(out).check_config, out)  # masking rates, enums
   _check_files(out)
   from launch.trainer import compile_cache
   _as_error(compile_cache.resolve, out.train.get("compilation_cache_dir", ""), "")

@@ -10,8 +10,14 @@
   `skipped_spike` (sums over the log interval); the run goes on.
 - "off": no check in the step (a NaN update is applied).
 
+Under "skip", divergence is still loud (`SkipTracker`): the run stops with `Diverged`
+(one line, non-zero exit) once `train.max_consecutive_skips` updates in a row were
+skipped, and a finished run that skipped more than `train.max_skipped_fraction` of its
+steps is refused before its export. The console line shows the skipped count, and its
+loss is the mean over the applied steps only.
+
 Whatever the policy, `assert_finite` keeps a checkpoint holding NaN/inf from being written
-(`launch.trainer.checkpoint`).
+(`launch.trainer.checkpoint`), and `assert_finite_params` an export.
 
 A spike is a gradient norm above `grad_spike_factor` times the running mean (an
 exponential moving average, decay `SPIKE_EMA_DECAY`, of the accepted steps' norms), once
@@ -28,6 +34,10 @@ import optax
 POLICIES = ("stop", "skip", "off")
 SPIKE_EMA_DECAY = 0.99
 COUNTERS = ("skipped_nonfinite", "skipped_spike")
+
+
+class Diverged(FloatingPointError):
+  """The run skipped too many updates (or would export non-finite weights)."""
 
 
 def settings(train_cfg) -> tuple[str, float, int]:
@@ -136,3 +146,69 @@ def assert_finite(state, step: int) -> None:
         f"refusing to write the checkpoint of step {step}: the train state holds NaN/inf "
         "(train.nonfinite_policy='off' applied a non-finite update); the previous "
         "checkpoint is kept")
+
+
+def assert_finite_params(params, step: int, what: str) -> None:
+  """Raises Diverged naming `what` (e.g. the export directory) and the step when the
+  (host) params hold NaN/inf: nothing non-finite is ever exported."""
+  if not bool(_all_finite(params)):
+    raise Diverged(f"refusing to write {what}: the params of step {step} hold NaN/inf "
+                   "(train.nonfinite_policy='off' applied a non-finite update?); lower the "
+                   "learning rate, or resume from an earlier checkpoint")
+
+
+def skipped_of(sums: dict) -> int:
+  """Skipped updates counted in one step's (or an interval's) metric sums."""
+  return int(round(sum(float(sums.get(k, 0)) for k in COUNTERS)))
+
+
+class SkipTracker:
+  """Host-side skip accounting of a run under nonfinite_policy=skip: updates skipped in a
+  row and in all (`prior`: skipped before this process resumed the run)."""
+
+  def __init__(self, train_cfg, prior: int = 0):
+    self.policy = settings(train_cfg)[0]
+    self.limit = int(train_cfg.get("max_consecutive_skips", 10))
+    self.max_fraction = float(train_cfg.get("max_skipped_fraction", 1.0))
+    self.in_a_row = 0
+    self.since = None  # the first step of the current run of skips
+    self.total = int(prior)
+
+  def observe(self, first_step: int, per_step: list) -> int:
+    """`per_step`: the metric sums of steps first_step, first_step+1, ... in order.
+    -> the skipped count among them; raises Diverged at max_consecutive_skips."""
+    n = 0
+    for i, sums in enumerate(per_step):
+      skipped = skipped_of(sums)
+      n += skipped
+      if not skipped:
+        self.in_a_row, self.since = 0, None
+        continue
+      self.in_a_row += 1
+      self.since = first_step + i if self.since is None else self.since
+      if self.policy == "skip" and self.in_a_row >= self.limit:
+        step = first_step + i
+        kinds = [k for k in COUNTERS if float(sums.get(k, 0))]
+        why = ("a NaN/inf loss or gradient norm" if kinds == ["skipped_nonfinite"] else
+               "a gradient-norm spike" if kinds == ["skipped_spike"] else
+               "a NaN/inf or a spike")
+        self.total += n
+        raise Diverged(
+            f"training stopped at step {step}: {self.in_a_row} updates in a row were skipped "
+            f"(steps {self.since}..{step}, the last with {why}; train.max_consecutive_skips="
+            f"{self.limit}): the run has diverged or its input is bad. Lower the learning "
+            "rate or check the data, then resume from the last checkpoint")
+    self.total += n
+    return n
+
+  def check_fraction(self, total_steps: int, step: int) -> None:
+    """At the end of a run: raises Diverged when more than max_skipped_fraction of its
+    steps were skipped (before anything is exported)."""
+    if self.policy != "skip" or not total_steps:
+      return
+    if self.total > self.max_fraction * total_steps:
+      raise Diverged(
+          f"run ended at step {step} with {self.total} of its {total_steps} updates skipped "
+          f"(more than train.max_skipped_fraction={self.max_fraction}); refusing to export "
+          "a model that mostly did not train. Lower the learning rate or check the data "
+          "(or raise train.max_skipped_fraction to export it anyway)")

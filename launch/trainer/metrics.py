@@ -59,6 +59,12 @@ def _shown(m):
 
 def format_line(step, split, m):
   parts = [f"[{split}] step {step}"]
+  if m.get("skipped_total"):  # nonfinite_policy=skip: never a silent 0.0000 loss
+    n, applied = int(m.get("skipped_steps", 0)), m.get("applied_steps")
+    note = f"skipped {n}" + (f" of {n + int(applied)}" if applied is not None else "")
+    parts.append(f"{note} (run {int(m['skipped_total'])})")
+  if m.get("bad_data_skipped"):
+    parts.append(f"bad data skipped {int(m['bad_data_skipped'])}")
   for k in _shown(m):
     v = m[k]
     if not isinstance(v, (int, float)):
@@ -110,6 +116,26 @@ class Progress:
 def read(workdir):
   with open(os.path.join(workdir, JSONL)) as f:
     return [json.loads(line) for line in f if line.strip()]
+
+
+def skipped_before(workdir, upto: int) -> int:
+  """Updates skipped in steps 1..`upto` by earlier processes of the run in `workdir`, from
+  the train records of its metrics.jsonl (their `skipped_nonfinite` / `skipped_spike`
+  sums per log interval). A restart re-runs steps after its checkpoint: a record at or
+  below an earlier record's step replaces those. 0 when there is no file."""
+  try:
+    records = read(workdir)
+  except OSError:
+    return 0
+  kept = []  # (step, skipped)
+  for r in records:
+    if r.get("split") != "train" or "step" not in r:
+      continue
+    while kept and kept[-1][0] >= r["step"]:
+      kept.pop()
+    kept.append((r["step"], sum(float(r.get(k, 0)) for k in
+                                ("skipped_nonfinite", "skipped_spike"))))
+  return int(round(sum(n for step, n in kept if step <= upto)))
 
 
 def plot(workdir, out_name="loss.png"):
