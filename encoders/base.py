@@ -150,12 +150,15 @@ def _check_range(name: str, x, low: int, high: int, what: str):
 
 
 def validate_inputs(cfg, input_ids, attention_mask=None, token_type_ids=None,
-                    segment_ids=None, position_ids=None, max_length=None):
+                    segment_ids=None, position_ids=None, max_length=None,
+                    masked_positions=None):
   """Raises ValueError naming the problem; runs before any computation.
 
   Shapes and dtypes are always checked (also while tracing under jit); value ranges are
   checked whenever the arrays are concrete (eager `apply`, and the trainer checks host
-  batches) — JAX would otherwise clamp an out-of-range gather silently.
+  batches) — JAX would otherwise clamp an out-of-range gather silently. Under jit, where
+  values cannot be checked, `bad_rows` flags the same cases and the encoder turns those
+  rows' outputs into NaN (`poison`).
   """
   if not hasattr(input_ids, "shape") or not hasattr(input_ids, "dtype"):
     raise ValueError(f"input_ids must be an integer array, got {type(input_ids).__name__}")
@@ -184,6 +187,56 @@ def validate_inputs(cfg, input_ids, attention_mask=None, token_type_ids=None,
     _check_range("token_type_ids", token_type_ids, 0, n_types, f"type_vocab_size={n_types}")
   if position_ids is not None and max_length is not None:
     _check_range("position_ids", position_ids, 0, max_length, "position table size")
+  if masked_positions is not None:
+    if masked_positions.ndim != 2 or masked_positions.shape[0] != input_ids.shape[0]:
+      raise ValueError(f"masked_positions must be (batch, M), got shape "
+                       f"{tuple(masked_positions.shape)} for input_ids "
+                       f"{tuple(input_ids.shape)}")
+    if not jnp.issubdtype(masked_positions.dtype, jnp.integer):
+      raise ValueError(f"masked_positions must be integer, got {masked_positions.dtype}")
+    _check_range("masked_positions", masked_positions, 0, length, f"sequence length {length}")
+
+
+def _all_concrete(*xs) -> bool:
+  return all(x is None or _is_concrete(x) for x in xs)
+
+
+def _outside(x, low: int, high: int):
+  """(B,) bool: rows of (B,...) integer `x` with a value outside [low, high)."""
+  x = jnp.asarray(x)
+  if x.dtype == jnp.bool_:  # only ever used as a 0/1 mask
+    return jnp.zeros(x.shape[:1], bool)
+  out = (x < low) | (x >= high)
+  return jnp.any(out.reshape(out.shape[0], -1), axis=1)
+
+
+def bad_rows(cfg, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+             max_length=None):
+  """(B,) bool: the rows holding a value `validate_inputs` refuses (an id outside
+  [0, vocab_size), a token type outside the type table, a position outside the position
+  table, a mask value other than 0/1); None when every array is concrete (then
+  `validate_inputs` has already raised for any of them). Under jit these rows cannot be
+  refused, and the gathers would clamp or wrap them into finite numbers: the encoder
+  poisons them with NaN instead (`poison`)."""
+  if _all_concrete(input_ids, attention_mask, token_type_ids, position_ids):
+    return None
+  bad = _outside(input_ids, 0, cfg.vocab_size)
+  if attention_mask is not None:
+    bad = bad | _outside(attention_mask, 0, 2)
+  if token_type_ids is not None:
+    bad = bad | _outside(token_type_ids, 0, max(cfg.get("type_vocab_size", 0), 1))
+  if position_ids is not None and max_length is not None:
+    bad = bad | _outside(position_ids, 0, max_length)
+  return bad
+
+
+def poison(x, bad):
+  """`x` (B,...) with the rows where `bad` (B,...) is True set to NaN; `x` itself
+  (bitwise) where it is False or `bad` is None."""
+  if bad is None:
+    return x
+  bad = bad.reshape(bad.shape + (1,) * (x.ndim - bad.ndim))
+  return jnp.where(bad, jnp.asarray(jnp.nan, x.dtype), x)
 
 
 def positions_in_segments(segment_ids: Array) -> Array:

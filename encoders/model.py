@@ -49,6 +49,13 @@ class Encoder(nn.Module):
   """input_ids (B,T) [+ attention_mask, token_type_ids, segment_ids, position_ids] ->
   base.EncoderOutput. `masked_positions` (B,M) computes the MLM head only there.
 
+  Out-of-range inputs (an id outside [0, vocab_size), a token type outside the type
+  table, a position outside the position table, a mask value other than 0/1, a masked
+  position outside [0, T)) raise ValueError when called eagerly. Under `jax.jit`, where
+  values cannot be checked, every output of a row holding one is NaN (for a bad masked
+  position: that position's MLM logits), never finite numbers from a clamped gather;
+  rows without one are computed exactly as before.
+
   Families override `parts` and, optionally, `max_length`, `position_ids` and
   `attention_inputs`; they register with `base.register_family(name)` and give
   `defaults()` and `forward_flops(cfg, seq_len, mlm_positions)` as static methods."""
@@ -120,7 +127,12 @@ class Encoder(nn.Module):
                deterministic=True):
     c = self.config
     base.validate_inputs(c, input_ids, attention_mask, token_type_ids, segment_ids,
-                         position_ids, max_length=self.max_length())
+                         position_ids, max_length=self.max_length(),
+                         masked_positions=masked_positions)
+    # Under jit the values above cannot be checked: a row holding one that eager apply
+    # refuses comes out all NaN (never finite numbers from a clamped or wrapped gather).
+    bad = base.bad_rows(c, input_ids, attention_mask, token_type_ids, position_ids,
+                        self.max_length())
     input_ids = input_ids.astype(jnp.int32)
     if attention_mask is None:
       attention_mask = (segment_ids > 0) if segment_ids is not None else jnp.ones_like(input_ids)
@@ -128,7 +140,8 @@ class Encoder(nn.Module):
       token_type_ids = jnp.zeros_like(input_ids)
     if position_ids is None:
       position_ids = self.position_ids(input_ids, segment_ids)
-    x = self.embeddings(input_ids, position_ids, token_type_ids, deterministic)
+    x = base.poison(self.embeddings(input_ids, position_ids, token_type_ids, deterministic),
+                    bad)
     inputs = self.attention_inputs(attention_mask, segment_ids, position_ids)
     x, mlm_x = self.encoder(x, inputs, deterministic), None
     if isinstance(x, tuple):  # (last hidden state, what the MLM head decodes instead)
@@ -143,9 +156,15 @@ class Encoder(nn.Module):
         out[HEAD_OUTPUTS[name]] = getattr(self, name)(out["pooler_output"])
     if self._needs("mlm"):
       mlm_x = x if mlm_x is None else mlm_x
-      h = mlm_x if masked_positions is None else jnp.take_along_axis(
-          mlm_x, masked_positions[..., None].astype(jnp.int32), axis=1)
-      out["mlm_logits"] = self.mlm(h, self.embeddings.attend)
+      if masked_positions is None:
+        out["mlm_logits"] = self.mlm(mlm_x, self.embeddings.attend)
+      else:
+        pos = masked_positions.astype(jnp.int32)
+        h = jnp.take_along_axis(mlm_x, pos[..., None], axis=1)
+        # a position outside [0, T) (refused eagerly) is NaN, not a wrapped -1 -> T-1
+        wrong = None if base._is_concrete(masked_positions) else (pos < 0) | (
+            pos >= mlm_x.shape[1])
+        out["mlm_logits"] = base.poison(self.mlm(h, self.embeddings.attend), wrong)
     if self._needs("rtd"):
       out["rtd_logits"] = self.rtd(x)
     return base.EncoderOutput(**out)
