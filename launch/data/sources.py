@@ -99,8 +99,8 @@ def _first_line(e: Exception) -> str:
   return text.splitlines()[0] if text else type(e).__name__
 
 
-def _tfds_read(source, idx: list[int], where: str, bad: badinput.BadData) -> list:
-  """The records at `idx` (None for each one that cannot be read, after reporting it)."""
+def _tfds_read(source, idx: list[int]) -> list:
+  """The records at `idx`; an exception in place of each one that cannot be read."""
   try:
     if hasattr(source, "__getitems__"):
       return list(source.__getitems__(idx))
@@ -112,8 +112,7 @@ def _tfds_read(source, idx: list[int], where: str, bad: badinput.BadData) -> lis
     try:
       out.append(source[i])
     except Exception as e:  # pylint: disable=broad-except
-      bad.report("corrupt_record", f"{where} record {i}", _first_line(e))
-      out.append(None)
+      out.append(e)
   return out
 
 
@@ -126,8 +125,9 @@ def tfds_documents(name: str, split_name: str, data_dir: str, text_key: str, lim
   where = f"TFDS {name}/{split_name}"
   for lo in range(0, n, TFDS_READ_BATCH):
     idx = list(range(lo, min(n, lo + TFDS_READ_BATCH)))
-    for i, record in zip(idx, _tfds_read(source, idx, where, bad)):
-      if record is None:
+    for i, record in zip(idx, _tfds_read(source, idx)):
+      if isinstance(record, Exception):
+        bad.report("corrupt_record", f"{where} record {i}", _first_line(record))
         continue
       if text_key not in record:
         raise ValueError(f"{where}: no feature {text_key!r} (data.text_key); features: "
