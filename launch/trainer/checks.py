@@ -4,12 +4,12 @@ tokenizer is trained, data cached or anything written to the work directory.
 `check(config, devices)` returns a private, unlocked copy of the config (with a warmup
 longer than the run clamped, said in a printed note) or raises `cli.ConfigError`, one
 line naming the key, its value and the fix. Checked:
-- every enum, range and rate: `data.bad_data`, `train.nonfinite_policy` and the other
+- every enum, range and rate: `train.nonfinite_policy` and the other
   guard settings, the optimizer's name, schedule, b1/b2, eps, weight decay, clip norm,
   the model's dropout probabilities, activations and norm epsilons (`_check_settings`),
   and the objective's own (`Objective.check_config`: masking rates, enums);
-- the data and tokenizer sections (`launch.data.pipeline.validate`), the objective, the
-  model family;
+- the data and tokenizer sections (`launch.data.pipeline.validate`: sources, packing,
+  `data.bad_data` and its limits, ...), the objective, the model family;
 - files that must exist: `data.files` (and a glob `data.eval_split`) for source=text,
   `tokenizer.path` for the sentencepiece/hf kinds, `init_from` and a distillation
   teacher (read by the objective's `prepare_config`, which writes nothing);
@@ -91,7 +91,6 @@ def _number(key: str, value, low=None, high=None, low_open=False, high_open=Fals
   _fail(f"{key}={value!r} must be {kind} {rng}; set --config.{key}")
 
 
-BAD_DATA_POLICIES = ("skip", "error")
 _ACTIVATION_KEYS = ("hidden_act", "hidden_activation", "classifier_activation",
                     "pooler_hidden_act", "conv_act")
 
@@ -103,10 +102,7 @@ def _check_settings(config):
   from launch.trainer import guard as guard_lib
   from launch.trainer import optim
   data, t, opt = config.data, config.train, config.optimizer
-  if "bad_data" in data:
-    _enum("data.bad_data", data.bad_data, BAD_DATA_POLICIES)
-  if "max_document_bytes" in data:
-    _number("data.max_document_bytes", data.max_document_bytes, 1, integer=True)
+  # data.bad_data, max_document_bytes, min_printable_ratio: launch.data.pipeline.validate
   if int(data.get("max_documents", -1)) != -1:
     _number("data.max_documents", data.max_documents, 1, integer=True)
   _number("data.worker_count", data.get("worker_count", 0), 0, integer=True)

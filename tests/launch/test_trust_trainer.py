@@ -187,7 +187,7 @@ def test_allow_config_change_with_an_unknown_key_is_refused(tmp_path):
 
 @pytest.mark.parametrize("overrides,expected", [
     ({"data__bad_data": "ignore"}, "data.bad_data='ignore'; expected one of ('skip', 'error')"),
-    ({"data__max_document_bytes": 0}, "data.max_document_bytes=0 must be an integer >= 1"),
+    ({"data__max_document_bytes": 0}, "data.max_document_bytes=0"),
     ({"train__nonfinite_policy": "ignore"}, "train.nonfinite_policy='ignore'"),
     ({"train__grad_spike_factor": 0.5}, "train.grad_spike_factor=0.5"),
     ({"train__max_consecutive_skips": 0}, "train.max_consecutive_skips=0 must be an integer"),
