@@ -8,7 +8,8 @@
 
 The model section and the tokenizer come from `init_from` (as continued pretraining);
 the training length is `finetune.epochs` epochs of the train rows (train.steps is set
-from it); evaluation runs after every epoch, and the best epoch's weights are kept.
+from it); evaluation runs after every epoch, and the best epoch's weights are kept. Bad rows follow data.bad_data ("skip": counted in the
+run summary; "error": stop, naming the file and line).
 """
 from configs import common
 
@@ -40,7 +41,12 @@ def get_config(arg="sequence"):
   f.tfds_data_dir = ""  # may be gs://...
   f.tfds_train_split = "train"
   f.tfds_eval_split = ""
-  f.labels = ()  # label names (id order); empty: the sorted distinct training labels
+  # Label names (id order); empty: the distinct TRAINING labels (never the eval's), numbers
+  # in numeric order (0, 1, ..., 10) then text. 1, "1", 1.0 and "1.0" are one class, "1".
+  f.labels = ()
+  # An eval row whose label (token task: a tag) is outside the label set: "error" (names
+  # its file and line) | "skip" (the row is skipped and counted in the run summary).
+  f.unknown_eval_labels = "error"
   f.num_labels = 2
   f.epochs = 3
   f.stride = 64  # qa: context tokens shared by consecutive windows
@@ -70,6 +76,9 @@ def get_config(arg="sequence"):
   c.optimizer.schedule = "linear"
   c.train.log_every = 20
   c.checkpoint.keep = 1
+  # Checkpoints at every epoch end, on SIGTERM (with the place in the epoch: a restart
+  # continues mid-epoch), and every this many steps mid-epoch (0: not mid-epoch).
+  c.checkpoint.every = 0
   c.checkpoint.use_async = False
   c.logging.tensorboard = False
   return c.lock()

@@ -19,7 +19,10 @@ import logging
 import math
 import os
 import shutil
+import signal
+import threading
 import time
+from typing import Optional
 
 import flax.linen as nn
 import jax
@@ -27,6 +30,8 @@ import ml_collections
 import numpy as np
 
 import objectives
+from encoders import outdir
+from launch.data import badinput
 from launch.data import finetune_data as fd
 from objectives import finetune as ft_objective  # noqa: F401  (registers "finetune")
 from objectives import losses
@@ -35,6 +40,8 @@ from objectives import task_metrics as tm
 log = logging.getLogger("encoder_zoo")
 SELECTION = {"sequence": "accuracy", "regression": "pearson", "token": "entity_f1",
              "qa": "f1"}
+FORMATS = {"sequence": ("table", "tfds"), "token": ("conll",), "qa": ("squad",)}
+WRITER = "launch.finetune"  # the work directory's and its exports' marker
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json",
                    "special_tokens_map.json", "merges.txt", "vocab.json", "spiece.model")
 
@@ -46,40 +53,62 @@ class _TokenizerInfo:
     self.tok, self.pad_id, self.vocab_size = tok, pad_id, tok.get_vocab_size()
 
 
-def load_data(config, tok):
-  """-> (train arrays, eval arrays, eval info for scoring, labels)."""
+def load_data(config, tok, bad=None, report=None):
+  """-> (train arrays, eval arrays, eval info for scoring, labels). Bad rows follow
+  `bad` (a badinput.BadData: data.bad_data); `report` (a dict) receives what was skipped:
+  per kind of bad input, and eval rows whose label is outside the label set."""
   f, m = config.finetune, config.model
   seq_len, pad = int(config.data.seq_len), int(m.pad_token_id)
+  bad = bad if bad is not None else badinput.BadData.from_config(config.data)
+  report = {} if report is None else report
+  unknown = str(f.get("unknown_eval_labels", "error"))
   if f.task == "sequence":
     if f.data_format == "tfds":
       read = lambda split: fd.read_tfds(f.tfds_name, split, f.tfds_data_dir, f.text_column,
-                                        f.text_pair_column, f.label_column)
+                                        f.text_pair_column, f.label_column, bad=bad)
       train, evals = read(f.tfds_train_split), (read(f.tfds_eval_split)
                                                 if f.tfds_eval_split else None)
+      names = (f"TFDS {f.tfds_name} split {f.tfds_train_split!r}",
+               f"TFDS {f.tfds_name} split {f.tfds_eval_split!r}")
     else:
-      read = lambda p: fd.read_table(p, f.text_column, f.text_pair_column, f.label_column)
+      read = lambda p: fd.read_table(p, f.text_column, f.text_pair_column, f.label_column,
+                                     bad=bad)
       train, evals = read(f.train_file), (read(f.eval_file) if f.eval_file else None)
-    labels = ()
+      names = (f.train_file, f.eval_file)
   elif f.task == "token":
-    train = fd.read_conll(f.train_file)
-    evals = fd.read_conll(f.eval_file) if f.eval_file else None
-    labels = ()
+    train = fd.read_conll(f.train_file, bad=bad)
+    evals = fd.read_conll(f.eval_file, bad=bad) if f.eval_file else None
+    names = (f.train_file, f.eval_file)
   elif f.task == "qa":
-    train = fd.read_squad(f.train_file)
-    evals = fd.read_squad(f.eval_file) if f.eval_file else None
-    labels = ()
+    train = fd.read_squad(f.train_file, bad=bad)
+    evals = fd.read_squad(f.eval_file, bad=bad) if f.eval_file else None
+    names = (f.train_file, f.eval_file)
   else:
     raise ValueError(f"unknown finetune.task {f.task!r}")
   if evals is None:
     tr, ev = fd.holdout(len(train), float(f.eval_fraction), int(f.split_seed))
     train, evals = [train[i] for i in tr], [train[i] for i in ev]
+    names = (f"{names[0]} (training part)", f"{names[0]} (held-out part)")
   if int(f.max_train_rows) > 0:
     train = train[:int(f.max_train_rows)]
-  # The label vocabulary: given, else every label of the train and eval rows, sorted.
-  if f.task == "sequence" and not f.regression:
-    labels = fd.label_names([r["label"] for r in train + evals], f.labels)
+  # The label set: finetune.labels, else the training rows' labels (never the eval's).
+  skipped, labels = {}, ()
+  if f.task == "sequence" and f.regression:
+    train, evals = fd.regression_labels(train, names[0]), fd.regression_labels(evals, names[1])
+  elif f.task == "sequence":
+    labels, train, evals = fd.class_labels(train, evals, tuple(f.labels), bad, unknown,
+                                           skipped, names)
   elif f.task == "token":
-    labels = fd.label_names([t for _, tags in train + evals for t in tags], f.labels)
+    labels, train, evals = fd.tag_labels(train, evals, tuple(f.labels), unknown, skipped,
+                                         names)
+  report["bad_data"] = {k: v for k, v in bad.counts.items() if v}
+  report["skipped_bad_rows"] = bad.total
+  report["skipped_eval_rows"] = sum(skipped.values())
+  report["unknown_eval_labels"] = dict(sorted(skipped.items()))
+  if bad.total or skipped:
+    log.warning("fine-tuning data: skipped %d bad row(s) %s and %d eval row(s) with labels "
+                "outside the label set %s", bad.total, report["bad_data"],
+                report["skipped_eval_rows"], report["unknown_eval_labels"])
   if f.task == "sequence":
     enc = lambda rows: fd.encode_sequence(tok, rows, seq_len, pad, labels, f.regression)
     return enc(train), enc(evals), {"rows": evals}, labels
@@ -178,112 +207,324 @@ def _copy_tokenizer(src_dir, dst_dir):
       shutil.copy(os.path.join(src_dir, name), os.path.join(dst_dir, name))
 
 
-def run(config, workdir: str, devices=None):
+def validate(config) -> None:
+  """Every fine-tuning setting that can be checked before any data is read or anything
+  written: raises one cli.ConfigError naming each bad key, its value and the fix."""
+  from launch.cli import ConfigError
+  f, errs = config.finetune, []
+  init_from = str(config.get("init_from", "") or "")
+  if not init_from:
+    errs.append("fine-tuning needs --config.init_from=DIR (an HF directory)")
+  elif "://" not in init_from and not os.path.isdir(init_from):
+    errs.append(f"init_from={init_from!r} is not a directory (an HF directory is needed)")
+  task, fmt = f.get("task"), f.get("data_format")
+  if task not in FORMATS:
+    errs.append(f"finetune.task={task!r}; expected one of {tuple(FORMATS)}")
+  elif fmt not in FORMATS[task]:
+    errs.append(f"finetune.data_format={fmt!r} does not fit task {task!r}; expected one of "
+                f"{FORMATS[task]}")
+  regression = bool(f.get("regression", False))
+  if regression and task != "sequence":
+    errs.append(f"finetune.regression=True needs task 'sequence', not {task!r}")
+  has_eval = bool(f.get("tfds_eval_split", "")) if fmt == "tfds" else bool(f.eval_file)
+  if fmt == "tfds":
+    if not f.get("tfds_name", ""):
+      errs.append("finetune.data_format='tfds' needs finetune.tfds_name (e.g. glue/sst2)")
+  else:
+    for key in ("train_file", "eval_file"):
+      path = str(f.get(key, "") or "")
+      if key == "train_file" and not path:
+        errs.append("finetune.train_file is empty: name the training file")
+      elif path and "://" not in path and not os.path.isfile(path):
+        errs.append(f"finetune.{key}={path!r} does not exist")
+  if not has_eval:
+    try:
+      frac = float(f.eval_fraction)
+    except (TypeError, ValueError):
+      frac = math.nan
+    if not 0 < frac < 1:
+      errs.append(f"finetune.eval_fraction={f.eval_fraction!r} must be in (0, 1) (or give "
+                  "finetune.eval_file)")
+  if not isinstance(f.epochs, int) or f.epochs < 1:
+    errs.append(f"finetune.epochs={f.epochs!r} must be an integer >= 1")
+  if not isinstance(f.max_train_rows, int) or not (f.max_train_rows == -1
+                                                   or f.max_train_rows >= 1):
+    errs.append(f"finetune.max_train_rows={f.max_train_rows!r} must be -1 (all) or >= 1")
+  if str(f.get("unknown_eval_labels", "error")) not in fd.UNKNOWN_EVAL_LABELS:
+    errs.append(f"finetune.unknown_eval_labels={f.get('unknown_eval_labels')!r}; expected "
+                f"one of {fd.UNKNOWN_EVAL_LABELS}")
+  given = tuple(f.get("labels", ()) or ())
+  if given and (task == "qa" or regression):
+    errs.append(f"finetune.labels={list(given)} is for classification; the "
+                f"{'regression' if regression else 'qa'} task has none")
+  elif given:
+    try:
+      if task == "token":
+        fd.tag_names(given)
+      else:
+        fd.label_names((), given)
+      if len(given) < 2:
+        errs.append(f"finetune.labels={list(given)}: a classifier needs 2 or more labels")
+    except ValueError as e:
+      errs.append(str(e))
+  if fmt in ("table", "tfds"):
+    for key in ("text_column", "label_column"):
+      if not str(f.get(key, "") or ""):
+        errs.append(f"finetune.{key} is empty: name the column")
+  if f.get("packing", False) and task not in ("sequence", "token"):
+    errs.append(f"finetune.packing=True supports the sequence and token tasks, not {task!r}")
+  seq_len, gb = config.data.seq_len, config.data.global_batch
+  if not isinstance(seq_len, int) or seq_len < 4:
+    errs.append(f"data.seq_len={seq_len!r} must be an integer >= 4")
+  else:
+    try:
+      fd.length_buckets(f.get("length_buckets", "auto"), seq_len)
+    except ValueError as e:
+      errs.append(str(e))
+    if task == "qa" and not 0 <= int(f.stride) < seq_len // 2:
+      errs.append(f"finetune.stride={f.stride} must be in [0, data.seq_len // 2 = "
+                  f"{seq_len // 2})")
+  if not isinstance(gb, int) or gb < 1:
+    errs.append(f"data.global_batch={gb!r} must be an integer >= 1")
+  if task == "qa":
+    for key in ("n_best", "max_answer_length"):
+      if int(f.get(key)) < 1:
+        errs.append(f"finetune.{key}={f.get(key)!r} must be >= 1")
+  if config.data.get("bad_data", "skip") not in badinput.POLICIES:
+    errs.append(f"data.bad_data={config.data.get('bad_data')!r}; expected one of "
+                f"{badinput.POLICIES}")
+  if int(config.data.get("max_document_bytes", 1)) <= 0:
+    errs.append(f"data.max_document_bytes={config.data.max_document_bytes} must be positive")
+  if int(config.train.log_every) < 1:
+    errs.append(f"train.log_every={config.train.log_every} must be >= 1")
+  if int(config.checkpoint.get("every", 0) or 0) < 0:
+    errs.append(f"checkpoint.every={config.checkpoint.every} must be >= 0 (0: epoch ends "
+                "only)")
+  if int(config.checkpoint.keep) < 1:
+    errs.append(f"checkpoint.keep={config.checkpoint.keep} must be >= 1")
+  if errs:
+    raise ConfigError("; ".join(errs))
+
+
+def _claim_workdir(workdir: str) -> str:
+  """The work directory, created with the project's marker or accepted as ours (the
+  marker; or a work directory of an earlier version: checkpoints/ with best.json, or
+  results.json, whose best/ and hf/ exports are then ours too). A non-empty directory
+  the project did not write is refused (outdir.OutputDirError) and left untouched; so is
+  a best/ or hf/ inside ours that holds something else."""
+  legacy = (os.path.isdir(workdir) and not outdir.is_ours(workdir) and (
+      os.path.isfile(os.path.join(workdir, "results.json")) or (
+          os.path.isdir(os.path.join(workdir, "checkpoints"))
+          and os.path.isfile(os.path.join(workdir, "best.json")))))
+  if legacy:
+    outdir.write_marker(workdir, WRITER)
+    for sub in ("best", "hf"):
+      d = os.path.join(workdir, sub)
+      if os.path.isfile(os.path.join(d, "config.json")) and not outdir.is_ours(d):
+        outdir.write_marker(d, WRITER)
+  workdir = outdir.claim_dir(workdir, WRITER)
+  for sub in ("best", "hf"):
+    outdir.check_target(os.path.join(workdir, sub), f"the run's {sub}/ export")
+  return workdir
+
+
+def _write_atomic(path: str, text: str) -> None:
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as fp:
+    fp.write(text)
+  os.replace(tmp, path)
+
+
+def _export(setup, params, init_from, path):
+  """The HF directory of `params` (+ the checkpoint's tokenizer) at `path`, atomically:
+  the old one (ours) stays until the new one is complete."""
+  with outdir.atomic_dir(path, WRITER) as tmp:
+    setup.objective.export(params, tmp)
+    _copy_tokenizer(init_from, tmp)
+
+
+def run(config, workdir: str, devices=None, stop_after: Optional[int] = None):
   """Fine-tunes as configured; returns {"best", "history", "workdir", ...}.
+
+  Resumable at any step: a SIGTERM (or `stop_after`: stop after that global step, as a
+  preemption would) saves the state with its place in the epoch and returns
+  {"stopped": True, "epoch", "batch", "step", ...}; the same call again continues from
+  there and ends as an uninterrupted run would (the same batches, in the same order).
 
   Callers that are their own process should call launch.hostmem.tune_malloc() before
   JAX starts, as main() does: without it every step re-faults XLA's temporary buffer
   (measured in docs/finetune.md, "Fine-tuning")."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  validate(config)  # one line naming every bad setting, before anything is read or written
+  workdir = _claim_workdir(os.path.abspath(workdir))
+  from launch.trainer import lock as lock_lib
+  handle = lock_lib.acquire(workdir, enabled=jax.process_index() == 0)
+  try:
+    return _run(config, workdir, devices, stop_after)
+  finally:
+    lock_lib.release(handle)
+
+
+def _position(epoch, batch, history, train_tokens, pack, times):
+  """The data state saved with a checkpoint: where in which epoch, and the run so far."""
+  return {"epoch": epoch, "batch": batch, "history": history, "train_tokens": train_tokens,
+          "packed_rows_seen": sorted(pack["seen"]) if pack else [], **times}
+
+
+def _run(config, workdir, devices, stop_after):
   from launch import trainer
   from launch.trainer import checkpoint as ckpt_lib
   from launch.trainer import metrics as metrics_lib
+  from launch.trainer import preemption as preemption_lib
   from launch.trainer import sharding as shard_lib
   from launch.trainer import compile_cache
-  workdir = os.path.abspath(workdir)
-  # Before anything is written: a bad value raises; the cache directory makes the workdir.
   compile_cache.enable(config.train.get("compilation_cache_dir", ""), workdir)
-  os.makedirs(workdir, exist_ok=True)
-  config = ml_collections.ConfigDict(config.to_dict())
   f = config.finetune
-  if not config.get("init_from", ""):
-    raise ValueError("fine-tuning needs --config.init_from=DIR (an HF directory)")
-  if f.get("packing", False) and f.task not in ("sequence", "token"):
-    raise ValueError(f"finetune.packing=True supports the sequence and token tasks, not "
-                     f"{f.task!r}")
   objectives.prepare_config(config)  # model section + tokenizer path from init_from
   tok = fd.load_tokenizer(config.init_from, config.tokenizer.get("lowercase", False))
   t0 = time.perf_counter()
-  train, evals, info, labels = load_data(config, tok)
+  data_report = {}
+  train, evals, info, labels = load_data(config, tok, report=data_report)
   f.labels = tuple(labels)
   n_train = len(train["example_weight"])
   gb = int(config.data.global_batch)
   steps_per_epoch = -(-n_train // gb)
-  config.train.steps = steps_per_epoch * int(f.epochs)
+  epochs = int(f.epochs)
+  config.train.steps = steps_per_epoch * epochs
   setup = trainer.build(config, _TokenizerInfo(tok, int(config.model.pad_token_id)), devices)
+  manager = ckpt_lib.Manager(os.path.join(workdir, "checkpoints"), config.checkpoint)
+  restored = manager.restore_latest(setup.abstract_state)
+  if restored is None:
+    state, pos = setup.init_state(), {"epoch": 0, "batch": 0}
+  else:
+    state, pos = restored[0], dict(restored[1] or {})
+    if "batch" not in pos:  # an earlier version's epoch-end checkpoint: {"epoch": done}
+      pos = {"epoch": int(state.step) // steps_per_epoch, "batch": 0}
+    if int(state.step) != int(pos["epoch"]) * steps_per_epoch + int(pos["batch"]):
+      manager.close()
+      raise ValueError(
+          f"{workdir}: the checkpoint of step {int(state.step)} was saved at epoch "
+          f"{int(pos['epoch']) + 1} batch {pos['batch']}, which is step "
+          f"{int(pos['epoch']) * steps_per_epoch + int(pos['batch'])} with this run's "
+          f"{steps_per_epoch} steps per epoch: the training rows or data.global_batch "
+          "changed since; use a new --workdir")
+    log.info("resuming at epoch %d, batch %d of %d (step %d)", int(pos["epoch"]) + 1,
+             int(pos["batch"]), steps_per_epoch, int(state.step))
   writer = metrics_lib.MetricWriter(workdir, config.logging.tensorboard,
                                     is_main=jax.process_index() == 0)
   writer.write_json("run", {"task": f.task, "labels": list(labels), "train_rows": n_train,
                             "eval_rows": len(evals["example_weight"]),
-                            "steps": config.train.steps, "data_s": time.perf_counter() - t0})
-  manager = ckpt_lib.Manager(os.path.join(workdir, "checkpoints"), config.checkpoint)
-  restored = manager.restore_latest(setup.abstract_state)
-  state = setup.init_state() if restored is None else restored[0]
-  done = int(state.step) // steps_per_epoch
+                            "steps": config.train.steps, "data_s": time.perf_counter() - t0,
+                            "data": data_report})
   kind = "regression" if f.regression else f.task
   select = SELECTION[kind]
   best_path = os.path.join(workdir, "best.json")
   best = json.load(open(best_path)) if os.path.isfile(best_path) else None
-  history, train_time, train_tokens, epoch_times = [], 0.0, 0, []
+  history = list(pos.get("history", []))
+  train_tokens = int(pos.get("train_tokens", 0))
+  train_time = float(pos.get("train_s", 0.0))
+  epoch_times = list(pos.get("epoch_train_s", []))
   buckets = fd.length_buckets(f.get("length_buckets", "auto"), int(config.data.seq_len))
   pack = None
   if f.get("packing", False):
     unit = shard_lib.batch_unit(setup.mesh, config.mesh.rules,
                                 int(config.optimizer.get("grad_accum_steps", 1)))
     pack = {"task": f.task, "rows": fd.row_buckets(gb, unit),
-            "pad_id": int(config.model.pad_token_id), "seen": set()}
-  for epoch in range(done, int(f.epochs)):
-    t_epoch, pending = time.perf_counter(), []
-    for i, b in enumerate(fd.batches(train, gb, seed=int(config.train.seed) * 1000 + epoch,
-                                     buckets=buckets, pack=pack)):
-      state, sums = setup.train_step(state, shard_lib.global_batch(b, setup.batch_sharding))
-      pending.append(sums)
-      train_tokens += int(b["attention_mask"].sum())
-      if (i + 1) % int(config.train.log_every) == 0 or i + 1 == steps_per_epoch:
-        host = {}
-        for s in jax.device_get(pending):
-          host = losses.add_metrics(host, s)
-        n_steps = len(pending)
-        lr, gnorm = host.pop("learning_rate") / n_steps, host.pop("grad_norm") / n_steps
-        writer.write(int(state.step), "train", dict(losses.finalize_metrics(
-            {k: float(v) for k, v in host.items()}), learning_rate=float(lr),
-            grad_norm=float(gnorm)))
-        pending = []
-    jax.block_until_ready(state.params)
-    epoch_times.append(time.perf_counter() - t_epoch)
-    train_time += epoch_times[-1]
-    outputs = predict(setup, state.params, evals, gb, buckets)
-    metrics, records = score(config, outputs, info, labels)
-    flat = {k: v for k, v in metrics.items() if isinstance(v, float)}
-    writer.write(int(state.step), "eval", dict(flat, epoch=epoch + 1))
-    history.append(dict(flat, epoch=epoch + 1))
-    log.info("epoch %d/%d eval: %s", epoch + 1, int(f.epochs),
-             "  ".join(f"{k} {v:.4f}" for k, v in sorted(flat.items())))
-    manager.save(int(state.step), state, {"epoch": epoch + 1})
-    if best is None or flat[select] > best["metrics"][select]:
-      best = {"epoch": epoch + 1, "metrics": metrics, "selection_metric": select}
-      setup.objective.export(jax.device_get(state.params), os.path.join(workdir, "best"))
-      _copy_tokenizer(config.init_from, os.path.join(workdir, "best"))
-      with open(os.path.join(workdir, "predictions.jsonl"), "w") as fp:
-        for r in records:
-          fp.write(json.dumps(r) + "\n")
-      with open(best_path, "w") as fp:
-        json.dump(best, fp)
-  manager.close()
-  out_dir = os.path.join(workdir, "hf")
-  if os.path.exists(out_dir):
-    shutil.rmtree(out_dir)
-  shutil.copytree(os.path.join(workdir, "best"), out_dir)
-  if f.task == "sequence" and not f.regression and "confusion" in best["metrics"]:
-    tm.plot_confusion(np.asarray(best["metrics"]["confusion"]), labels,
-                      os.path.join(workdir, "confusion_matrix.png"),
-                      f"epoch {best['epoch']}: accuracy {best['metrics']['accuracy']:.3f}")
+            "pad_id": int(config.model.pad_token_id),
+            "seen": set(int(r) for r in pos.get("packed_rows_seen", []))}
+  every = int(config.checkpoint.get("every", 0) or 0)
+  log_every = int(config.train.log_every)
+  stop = preemption_lib.StopFlag()  # multi-process: all stop at one agreed step
+  main_thread = threading.current_thread() is threading.main_thread()
+  previous_handler = signal.getsignal(signal.SIGTERM) if main_thread else None
+  stop.install()
+  stopped = None
+  try:
+    for epoch in range(int(pos["epoch"]), epochs):
+      first = int(pos["batch"]) if epoch == int(pos["epoch"]) else 0
+      t_epoch, pending = time.perf_counter(), []
+      for i, b in enumerate(fd.batches(train, gb, seed=int(config.train.seed) * 1000 + epoch,
+                                       buckets=buckets, pack=pack, start=first), first):
+        state, sums = setup.train_step(state, shard_lib.global_batch(b, setup.batch_sharding))
+        pending.append(sums)
+        train_tokens += int(b["attention_mask"].sum())
+        step = epoch * steps_per_epoch + i + 1
+        if stop_after is not None and step >= stop_after:
+          stop.requested = True
+        stop.poll(step)
+        if (i + 1) % log_every == 0 or i + 1 == steps_per_epoch or stop.requested:
+          host = {}
+          for s in jax.device_get(pending):
+            host = losses.add_metrics(host, s)
+          n_steps = len(pending)
+          lr, gnorm = host.pop("learning_rate") / n_steps, host.pop("grad_norm") / n_steps
+          writer.write(step, "train", dict(losses.finalize_metrics(
+              {k: float(v) for k, v in host.items()}), learning_rate=float(lr),
+              grad_norm=float(gnorm)))
+          pending = []
+        if stop.requested or (every and step % every == 0 and i + 1 < steps_per_epoch):
+          spent = time.perf_counter() - t_epoch
+          manager.save(step, state, _position(
+              epoch, i + 1, history, train_tokens, pack,
+              {"train_s": train_time + spent, "epoch_train_s": epoch_times}))
+        if stop.requested:
+          stopped = {"epoch": epoch, "batch": i + 1, "step": step}
+          break
+      if stopped is not None:
+        break
+      jax.block_until_ready(state.params)
+      epoch_times.append(time.perf_counter() - t_epoch)
+      train_time += epoch_times[-1]
+      outputs = predict(setup, state.params, evals, gb, buckets)
+      metrics, records = score(config, outputs, info, labels)
+      flat = {k: v for k, v in metrics.items() if isinstance(v, float)}
+      step = (epoch + 1) * steps_per_epoch
+      writer.write(step, "eval", dict(flat, epoch=epoch + 1))
+      history.append(dict(flat, epoch=epoch + 1))
+      log.info("epoch %d/%d eval: %s", epoch + 1, epochs,
+               "  ".join(f"{k} {v:.4f}" for k, v in sorted(flat.items())))
+      if manager.latest_step() != step:  # else saved there already, by a stop
+        manager.save(step, state, _position(epoch + 1, 0, history, train_tokens, pack,
+                                            {"train_s": train_time,
+                                             "epoch_train_s": epoch_times}))
+      if best is None or flat[select] > best["metrics"][select]:
+        best = {"epoch": epoch + 1, "metrics": metrics, "selection_metric": select}
+        if jax.process_index() == 0:
+          _export(setup, jax.device_get(state.params), config.init_from,
+                  os.path.join(workdir, "best"))
+          _write_atomic(os.path.join(workdir, "predictions.jsonl"),
+                        "".join(json.dumps(r) + "\n" for r in records))
+          _write_atomic(best_path, json.dumps(best))
+  finally:
+    manager.close()
+    if previous_handler is not None and not stop.multihost:
+      signal.signal(signal.SIGTERM, previous_handler)
+  if stopped is not None:
+    log.info("stopped at epoch %d batch %d/%d (step %d): checkpoint saved; the same command "
+             "resumes there", stopped["epoch"] + 1, stopped["batch"], steps_per_epoch,
+             stopped["step"])
+    writer.close()
+    return dict(stopped, stopped=True, workdir=workdir, history=history, best=best,
+                data=data_report, state=state)
+  if jax.process_index() == 0:
+    hf_dir = os.path.join(workdir, "hf")
+    with outdir.atomic_dir(hf_dir, WRITER) as tmp:
+      src = os.path.join(workdir, "best")
+      for name in os.listdir(src):
+        if name != outdir.MARKER and os.path.isfile(os.path.join(src, name)):
+          shutil.copy(os.path.join(src, name), os.path.join(tmp, name))
+    if f.task == "sequence" and not f.regression and "confusion" in best["metrics"]:
+      tm.plot_confusion(np.asarray(best["metrics"]["confusion"]), labels,
+                        os.path.join(workdir, "confusion_matrix.png"),
+                        f"epoch {best['epoch']}: accuracy {best['metrics']['accuracy']:.3f}")
   result = {"best": best, "history": history, "workdir": workdir, "train_s": train_time,
             "train_tokens": train_tokens, "epoch_train_s": epoch_times,
-            "train_tokens_per_s": train_tokens / train_time if train_time else 0.0}
-  with open(os.path.join(workdir, "results.json"), "w") as fp:
-    json.dump(result, fp, indent=2)
+            "train_tokens_per_s": train_tokens / train_time if train_time else 0.0,
+            "data": data_report}
+  if jax.process_index() == 0:
+    _write_atomic(os.path.join(workdir, "results.json"), json.dumps(result, indent=2))
   writer.close()
-  return result
+  return dict(result, state=state)
 
 
 def main(argv):
@@ -296,6 +537,10 @@ def main(argv):
   for noisy in ("absl", "jax", "orbax", "grain", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   result = run(flags.FLAGS.config, flags.FLAGS.workdir)
+  if result.get("stopped"):
+    print(f"stopped at epoch {result['epoch'] + 1}, batch {result['batch']} (step "
+          f"{result['step']}): checkpoint saved; run the same command to resume")
+    return
   b = result["best"]
   print(f"best epoch {b['epoch']}: " + "  ".join(
       f"{k} {v:.4f}" for k, v in sorted(b["metrics"].items()) if isinstance(v, float)))

@@ -23,11 +23,16 @@ Rows are padded to seq_len with the model's pad id (on the right); `example_weig
 for real rows. `batches` cuts each batch to a length bucket (`length_buckets`).
 """
 import csv
+import decimal
 import json
+import math
 import os
+import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from launch.data import badinput
 
 IGNORE = -100
 
@@ -56,84 +61,270 @@ def load_tokenizer(path: str, lowercase: Optional[bool] = None):
 
 
 # ---- readers ----------------------------------------------------------------------------
+#
+# Every reader takes a `badinput.BadData` (`data.bad_data`; default: stop at the first bad
+# item) and reports each bad item with its file and line: undecodable bytes (non_utf8), a
+# line longer than data.max_document_bytes (too_long), a JSONL line that does not parse or
+# lacks a field (bad_json), a row without text (empty), and anything else malformed: a
+# ragged CSV/TSV row, a CoNLL line with the wrong number of columns, a SQuAD record with a
+# missing field or an answer not at its answer_start (corrupt_record). Under "skip" the
+# bad row (a whole CoNLL sentence) is dropped and counted. Each row keeps its origin as
+# `row.where` ("file:line"), so later checks (labels) can name it. A file with no usable
+# rows is an error.
 
-def read_table(path: str, text: str = "text", pair: str = "", label: str = "label"
-               ) -> List[Dict]:
-  """Rows {"text", "pair"?, "label"} of a .csv / .tsv / .jsonl file."""
-  ext = os.path.splitext(path.removesuffix(".bz2").removesuffix(".gz"))[1].lower()
-  opener = open
+class Row(dict):
+  """A table row {"text", "pair"?, "label"}; `where` names its file and line."""
+  where = ""
+
+
+class Sentence(tuple):
+  """(words, tags) of a CoNLL sentence; `where` names its file and first line."""
+  where = ""
+
+
+def _located(obj, where: str):
+  obj.where = where
+  return obj
+
+
+def _strict() -> badinput.BadData:
+  return badinput.BadData("error")
+
+
+def _open_bytes(path: str) -> bytes:
   if path.endswith(".bz2"):
     import bz2
-    opener = bz2.open
-  elif path.endswith(".gz"):
+    with bz2.open(path, "rb") as f:
+      return f.read()
+  if path.endswith(".gz"):
     import gzip
-    opener = gzip.open
-  with opener(path, "rt", encoding="utf-8", newline="") as f:
-    if ext in (".jsonl", ".json"):
-      raw = [json.loads(line) for line in f if line.strip()]
-    elif ext in (".csv", ".tsv"):
-      raw = list(csv.DictReader(f, delimiter="\t" if ext == ".tsv" else ","))
-    else:
-      raise ValueError(f"{path}: unknown table format {ext!r}; use .csv, .tsv or .jsonl")
+    with gzip.open(path, "rb") as f:
+      return f.read()
+  with open(path, "rb") as f:
+    return f.read()
+
+
+def _lines(path: str, bad: badinput.BadData):
+  """(line number, text) of each line of a local (.gz / .bz2) file, line ends kept; a
+  line that is not UTF-8 or is over data.max_document_bytes is reported (and left out)."""
+  for n, raw in enumerate(_open_bytes(path).splitlines(keepends=True), 1):
+    if n == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark
+      raw = raw[3:]
+    if len(raw) > bad.max_document_bytes:
+      bad.report("too_long", f"{path}:{n}", f"{len(raw)} bytes > data.max_document_bytes="
+                 f"{bad.max_document_bytes}")
+      continue
+    try:
+      yield n, raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      bad.report("non_utf8", f"{path}:{n}", f"byte {e.start} of the line: {e.reason}")
+
+
+def _need_rows(rows: Sequence, what: str, bad: badinput.BadData, before: Dict[str, int]):
+  if rows:
+    return
+  skipped = {k: v - before.get(k, 0) for k, v in bad.counts.items() if v > before.get(k, 0)}
+  raise ValueError(f"{what}: no usable rows" + (
+      f" ({', '.join(f'{v} {k}' for k, v in skipped.items())} skipped: data.bad_data="
+      f"'skip')" if skipped else " (the input is empty)"))
+
+
+def read_table(path: str, text: str = "text", pair: str = "", label: str = "label",
+               bad: Optional[badinput.BadData] = None) -> List[Row]:
+  """Rows {"text", "pair"?, "label"} of a .csv / .tsv / .jsonl file (optionally .gz /
+  .bz2); labels as written (`class_labels` / `regression_labels` check them)."""
+  bad = bad or _strict()
+  before = dict(bad.counts)
+  ext = os.path.splitext(path.removesuffix(".bz2").removesuffix(".gz"))[1].lower()
+  if ext not in (".jsonl", ".json", ".csv", ".tsv"):
+    raise ValueError(f"{path}: unknown table format {ext!r}; use .csv, .tsv or .jsonl")
+  cols = (text, label) + ((pair,) if pair else ())
   rows = []
-  for i, r in enumerate(raw):
-    for col in (text, label) + ((pair,) if pair else ()):
-      if col not in r:
-        raise ValueError(f"{path}: row {i} has no column {col!r} (it has {sorted(r)})")
-    row = {"text": str(r[text]), "label": r[label]}
-    if pair:
-      row["pair"] = str(r[pair])
-    rows.append(row)
+  if ext in (".jsonl", ".json"):
+    for n, line in _lines(path, bad):
+      if not line.strip():
+        continue
+      where = f"{path}:{n}"
+      try:
+        r = json.loads(line)
+      except json.JSONDecodeError as e:
+        bad.report("bad_json", where, str(e))
+        continue
+      if not isinstance(r, dict):
+        bad.report("bad_json", where, f"a JSON {type(r).__name__}, not an object")
+        continue
+      missing = [c for c in cols if r.get(c) is None]
+      if missing:
+        bad.report("bad_json", where, f"no {missing[0]!r} field (it has {sorted(r)})")
+        continue
+      rows.append(_table_row(r[text], r[label], r[pair] if pair else None, where, bad))
+  else:
+    rows = _read_delimited(path, "\t" if ext == ".tsv" else ",", cols, bad)
+  rows = [r for r in rows if r is not None]
+  _need_rows(rows, path, bad, before)
   return rows
 
 
-def read_conll(path: str) -> List[Tuple[List[str], List[str]]]:
-  """(words, tags) per sentence."""
-  out, words, tags = [], [], []
-  with open(path, encoding="utf-8") as f:
-    for n, line in enumerate(f, 1):
-      parts = line.split()
-      if not parts:
-        if words:
-          out.append((words, tags))
-        words, tags = [], []
-        continue
-      if parts[0] == "-DOCSTART-":
-        continue
-      if len(parts) < 2:
-        raise ValueError(f"{path}:{n}: expected 'token ... tag', got {line.strip()!r}")
-      words.append(parts[0])
-      tags.append(parts[-1])
-  if words:
-    out.append((words, tags))
+def _table_row(text, label, pair, where, bad) -> Optional[Row]:
+  text = text if isinstance(text, str) else str(text)
+  if not text.strip():
+    bad.report("empty", where, "no text")
+    return None
+  row = Row(text=text, label=label)
+  if pair is not None:
+    row["pair"] = pair if isinstance(pair, str) else str(pair)
+  return _located(row, where)
+
+
+def _read_delimited(path: str, delimiter: str, cols: Tuple[str, ...],
+                    bad: badinput.BadData) -> List[Optional[Row]]:
+  consumed = []  # the file line numbers csv has read so far
+
+  def feed():
+    for n, line in _lines(path, bad):
+      consumed.append(n)
+      yield line
+
+  csv.field_size_limit(max(csv.field_size_limit(), bad.max_document_bytes))
+  reader = csv.reader(feed(), delimiter=delimiter, strict=True)
+  header, rows = None, []
+  while True:
+    k = len(consumed)
+    try:
+      rec = next(reader)
+    except StopIteration:
+      break
+    except csv.Error as e:
+      bad.report("corrupt_record", f"{path}:{consumed[k] if k < len(consumed) else '?'}",
+                 str(e))
+      continue
+    if not rec:  # a blank line
+      continue
+    where = f"{path}:{consumed[k]}"
+    if header is None:
+      header = [h.strip() for h in rec]
+      for c in cols:
+        if c not in header:
+          raise ValueError(f"{where}: no column {c!r} (the header has {header})")
+      at = {c: header.index(c) for c in cols}
+      continue
+    if len(rec) != len(header):
+      bad.report("corrupt_record", where, f"{len(rec)} fields where the header has "
+                 f"{len(header)}")
+      continue
+    rows.append(_table_row(rec[at[cols[0]]], rec[at[cols[1]]],
+                           rec[at[cols[2]]] if len(cols) > 2 else None, where, bad))
+  return rows
+
+
+def read_conll(path: str, bad: Optional[badinput.BadData] = None) -> List[Sentence]:
+  """(words, tags) per sentence. Every token line has the same number of columns (at
+  least 2: the token first, the tag last) as the file's first; a sentence with a line
+  that does not is bad (corrupt_record) as a whole."""
+  bad = bad or _strict()
+  before = dict(bad.counts)
+  out, words, tags, first, width, broken = [], [], [], 0, None, False
+
+  def close():
+    if words and not broken:
+      out.append(_located(Sentence((words, tags)), f"{path}:{first}"))
+
+  for n, line in _lines(path, bad):
+    parts = line.split()
+    if not parts:
+      close()
+      words, tags, broken = [], [], False
+      continue
+    if parts[0] == "-DOCSTART-":
+      continue
+    if not words and not broken:
+      first = n
+    if broken:
+      continue
+    if len(parts) < 2 or (width is not None and len(parts) != width):
+      want = f"{width} columns" if width is not None and len(parts) >= 2 else \
+          "'token ... tag'"
+      bad.report("corrupt_record", f"{path}:{n}", f"expected {want}, got {line.strip()!r}")
+      broken = True
+      continue
+    width = width or len(parts)
+    words.append(parts[0])
+    tags.append(parts[-1])
+  close()
+  _need_rows(out, path, bad, before)
   return out
 
 
-def read_squad(path: str) -> List[Dict]:
-  """Examples {"id", "question", "context", "answers": [{"text", "answer_start"}]}."""
-  with open(path, encoding="utf-8") as f:
-    data = json.load(f)
+def read_squad(path: str, bad: Optional[badinput.BadData] = None) -> List[Row]:
+  """Examples {"id", "question", "context", "answers": [{"text", "answer_start"}]}; a
+  question with a missing field or an answer not at its answer_start is bad (named by
+  its place in the file, data[i].paragraphs[j].qas[k], and its id)."""
+  bad = bad or _strict()
+  before = dict(bad.counts)
+  raw = _open_bytes(path)
+  try:
+    data = json.loads(raw.decode("utf-8"))
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}: not UTF-8 at byte {e.start} ({e.reason})") from None
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None
+  if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+    raise ValueError(f"{path}: not SQuAD JSON (no top-level 'data' list)")
   out = []
-  for article in data["data"]:
-    for para in article["paragraphs"]:
-      for qa in para["qas"]:
-        answers = [] if qa.get("is_impossible") else list(qa.get("answers", []))
-        for a in answers:
-          if para["context"][a["answer_start"]:a["answer_start"] + len(a["text"])] != a["text"]:
-            raise ValueError(f"{path}: question {qa['id']}: answer {a['text']!r} is not at "
-                             f"answer_start {a['answer_start']}")
-        out.append({"id": qa["id"], "question": qa["question"], "context": para["context"],
-                    "answers": answers})
+  for i, article in enumerate(data["data"]):
+    paras = article.get("paragraphs") if isinstance(article, dict) else None
+    if not isinstance(paras, list):
+      bad.report("corrupt_record", f"{path}: data[{i}]", "no 'paragraphs' list")
+      continue
+    for j, para in enumerate(paras):
+      here = f"{path}: data[{i}].paragraphs[{j}]"
+      if not isinstance(para, dict) or not isinstance(para.get("context"), str) or \
+          not isinstance(para.get("qas"), list):
+        bad.report("corrupt_record", here, "needs a 'context' string and a 'qas' list")
+        continue
+      ctx = para["context"]
+      for k, qa in enumerate(para["qas"]):
+        ex = _squad_question(qa, ctx, f"{here}.qas[{k}]", bad)
+        if ex is not None:
+          out.append(ex)
+  _need_rows(out, path, bad, before)
   return out
+
+
+def _squad_question(qa, ctx: str, where: str, bad) -> Optional[Row]:
+  if not isinstance(qa, dict) or "id" not in qa or not isinstance(qa.get("question"), str):
+    bad.report("corrupt_record", where, "a question needs an 'id' and a 'question'")
+    return None
+  where = f"{where} (id {qa['id']!r})"
+  answers = [] if qa.get("is_impossible") else qa.get("answers", [])
+  if not isinstance(answers, list):
+    bad.report("corrupt_record", where, "'answers' is not a list")
+    return None
+  for a in answers:
+    if not isinstance(a, dict) or not isinstance(a.get("text"), str) or \
+        not isinstance(a.get("answer_start"), int) or isinstance(a["answer_start"], bool):
+      bad.report("corrupt_record", where, f"an answer needs a 'text' and an integer "
+                 f"'answer_start', got {a!r}")
+      return None
+    s = a["answer_start"]
+    if s < 0 or ctx[s:s + len(a["text"])] != a["text"]:
+      bad.report("corrupt_record", where, f"answer {a['text']!r} is not at answer_start {s}")
+      return None
+  return _located(Row(id=str(qa["id"]), question=qa["question"], context=ctx,
+                      answers=list(answers)), where)
 
 
 def read_tfds(name: str, split: str, data_dir: str = "", text: str = "sentence",
-              pair: str = "", label: str = "label") -> List[Dict]:
+              pair: str = "", label: str = "label",
+              bad: Optional[badinput.BadData] = None) -> List[Row]:
   """Rows of a TFDS dataset (data_dir may be gs://). With TensorFlow installed, any
   prepared format (tfds.load); without it, datasets prepared as array_record
-  (tfds.data_source, which needs no TensorFlow)."""
+  (tfds.data_source, which needs no TensorFlow). Text that is not UTF-8 is bad
+  (non_utf8), an empty text too (empty), named by the example's index in the split."""
   import importlib.util
   import tensorflow_datasets as tfds
+  bad = bad or _strict()
+  before = dict(bad.counts)
   if importlib.util.find_spec("tensorflow") is not None:
     examples = tfds.as_numpy(tfds.load(name, split=split, data_dir=data_dir or None))
   else:
@@ -144,13 +335,26 @@ def read_tfds(name: str, split: str, data_dir: str = "", text: str = "sentence",
                        f"it only array_record datasets can be read ({e})") from e
     examples = (source[i] for i in range(len(source)))
   rows = []
-  for ex in examples:
-    dec = lambda v: v.decode() if isinstance(v, bytes) else v
-    row = {"text": dec(ex[text]), "label": dec(ex[label]).item() if hasattr(
-        ex[label], "item") else dec(ex[label])}
-    if pair:
-      row["pair"] = dec(ex[pair])
-    rows.append(row)
+  cols = (text, label) + ((pair,) if pair else ())
+  for i, ex in enumerate(examples):
+    where = f"TFDS {name} split {split!r} example {i}"
+    missing = [c for c in cols if c not in ex]
+    if missing:
+      raise ValueError(f"TFDS {name}: no feature {missing[0]!r} (it has {sorted(ex)}); set "
+                       "finetune.text_column / text_pair_column / label_column")
+    try:
+      dec = lambda v: v.decode("utf-8") if isinstance(v, bytes) else v
+      t = dec(ex[text])
+      p = dec(ex[pair]) if pair else None
+      y = dec(ex[label])
+    except UnicodeDecodeError as e:
+      bad.report("non_utf8", where, f"byte {e.start}: {e.reason}")
+      continue
+    y = y.item() if hasattr(y, "item") else y
+    row = _table_row(t, y, p, where, bad)
+    if row is not None:
+      rows.append(row)
+  _need_rows(rows, f"TFDS {name} split {split!r}", bad, before)
   return rows
 
 
@@ -158,16 +362,190 @@ def holdout(n: int, fraction: float, seed: int) -> Tuple[np.ndarray, np.ndarray]
   """(train, eval) indices: a seeded random `fraction` of range(n) held out."""
   if not 0 < fraction < 1:
     raise ValueError(f"eval fraction must be in (0, 1), got {fraction}")
+  if n < 2:
+    raise ValueError(f"{n} row(s) cannot be split into train and eval rows; give more rows "
+                     "or finetune.eval_file")
   perm = np.random.default_rng(seed).permutation(n)
-  k = max(1, int(round(n * fraction)))
+  k = min(n - 1, max(1, int(round(n * fraction))))
   return np.sort(perm[k:]), np.sort(perm[:k])
 
 
-def label_names(values: Sequence, given: Sequence[str] = ()) -> Tuple[str, ...]:
-  """The label vocabulary: `given`, else the sorted distinct values."""
+# ---- labels -----------------------------------------------------------------------------
+#
+# Class names are canonical strings: a number is one class however it is written (1, "1",
+# 1.0, "1.0", " 1 " are all "1"; 0.5 and "0.50" are "0.5"), text is stripped. The label set
+# is `finetune.labels` when given, else the distinct training labels: numbers in numeric
+# order (0, 1, 2, ..., 10), then text in string order. An eval label outside the set is an
+# error naming its file and line, or (finetune.unknown_eval_labels="skip") its row is
+# skipped and counted.
+
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+UNKNOWN_EVAL_LABELS = ("error", "skip")
+
+
+def _number_name(d: decimal.Decimal) -> str:
+  if d == d.to_integral_value():
+    return str(int(d))
+  return format(d.normalize(), "f")
+
+
+def canonical_label(value) -> Optional[str]:
+  """The class name of a label value (see above), or None for one that cannot name a
+  class: missing, empty, NaN/inf, a list or object, text over several lines."""
+  if isinstance(value, (bool, np.bool_)):
+    return "true" if value else "false"
+  if isinstance(value, (int, np.integer)):
+    return str(int(value))
+  if isinstance(value, (float, np.floating)):
+    v = float(value)
+    return _number_name(decimal.Decimal(repr(v))) if math.isfinite(v) else None
+  if isinstance(value, bytes):
+    try:
+      value = value.decode("utf-8")
+    except UnicodeDecodeError:
+      return None
+  if not isinstance(value, str):
+    return None
+  s = value.strip()
+  if not s or "\n" in s or "\r" in s:
+    return None
+  return _number_name(decimal.Decimal(s)) if _NUMBER.fullmatch(s) else s
+
+
+def _label_key(name: str):
+  if _NUMBER.fullmatch(name):
+    return (0, decimal.Decimal(name), "")
+  return (1, 0, name)
+
+
+def label_names(values: Sequence, given: Sequence = ()) -> Tuple[str, ...]:
+  """The label vocabulary: `given` (canonical names, in the order given), else the
+  distinct canonical values, numbers in numeric order before text in string order."""
   if given:
-    return tuple(given)
-  return tuple(sorted({str(v) for v in values}))
+    names = [canonical_label(v) for v in given]
+    bad = [g for g, n in zip(given, names) if n is None]
+    if bad:
+      raise ValueError(f"finetune.labels: {bad[0]!r} is not a label name")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+      raise ValueError(f"finetune.labels {list(given)} name {dup[0]!r} more than once "
+                       "(1, '1' and 1.0 are one label)")
+    return tuple(names)
+  names = {canonical_label(v) for v in values}
+  names.discard(None)
+  return tuple(sorted(names, key=_label_key))
+
+
+def _clean_labels(rows, what: str, bad: badinput.BadData, before=None):
+  """Rows whose label names a class (canonical label set on the row); others reported."""
+  before = dict(bad.counts) if before is None else before
+  out = []
+  for r in rows:
+    name = canonical_label(r["label"])
+    if name is None:
+      bad.report("corrupt_record", getattr(r, "where", "") or what,
+                 f"label {r['label']!r} is not a class name")
+      continue
+    r["label"] = name
+    out.append(r)
+  _need_rows(out, what, bad, before)
+  return out
+
+
+def _check_known(rows, labels_of, labels: Sequence[str], source: str, what: str,
+                 unknown: str, skipped: Dict[str, int]):
+  """Rows whose labels (labels_of(row)) are all in `labels`; an unknown one raises, or
+  with unknown == "skip" its row is dropped and counted in `skipped` by label."""
+  known, out = set(labels), []
+  for r in rows:
+    new = [x for x in labels_of(r) if x not in known]
+    if not new:
+      out.append(r)
+      continue
+    where = getattr(r, "where", "") or what
+    if unknown != "skip":
+      fix = ("add it to finetune.labels" if what == "training" else
+             "name every class in finetune.labels, or set finetune.unknown_eval_labels="
+             "'skip' to skip and count such eval rows")
+      among = source if source == "finetune.labels" else f"the {source} labels"
+      raise ValueError(f"{where}: {what} label {new[0]!r} is not among {among} "
+                       f"{list(labels)[:20]} ({fix})")
+    for x in sorted(set(new)):
+      skipped[x] = skipped.get(x, 0) + 1
+  return out
+
+
+def class_labels(train, evals, given=(), bad: Optional[badinput.BadData] = None,
+                 unknown: str = "error", skipped: Optional[Dict[str, int]] = None,
+                 names: Tuple[str, str] = ("the training rows", "the eval rows")):
+  """Sequence classification: -> (labels, train rows, eval rows), every row's label its
+  canonical name. A label that names no class is bad input (corrupt_record); a training
+  label outside `given` is an error; an eval label outside the set per `unknown`
+  (skipped ones counted by label in `skipped`). `names`: the two sources, for messages."""
+  bad = bad or _strict()
+  skipped = {} if skipped is None else skipped
+  train = _clean_labels(train, names[0], bad)
+  evals = _clean_labels(evals, names[1], bad)
+  labels = label_names([r["label"] for r in train], given)
+  if given:
+    _check_known(train, lambda r: [r["label"]], labels, "finetune.labels", "training",
+                 "error", skipped)
+  elif len(labels) < 2:
+    raise ValueError(f"{names[0]}: {len(labels)} distinct label(s) {list(labels)}; "
+                     "classification needs 2 or more (or name them in finetune.labels)")
+  evals = _check_known(evals, lambda r: [r["label"]], labels,
+                       "finetune.labels" if given else "training", "eval", unknown, skipped)
+  _need_known(evals, names[1], skipped)
+  return labels, train, evals
+
+
+def _need_known(evals, what: str, skipped: Dict[str, int]):
+  if not evals:
+    raise ValueError(f"{what}: no rows left after skipping {sum(skipped.values())} with "
+                     f"labels outside the label set ({sorted(skipped)[:5]}...)")
+
+
+def regression_labels(rows, what: str):
+  """Regression: every label a finite number (set on the row as a float); anything else
+  is an error naming the row's file and line."""
+  for r in rows:
+    v = r["label"]
+    ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(
+        v, (bool, np.bool_))
+    if not ok and isinstance(v, str) and _NUMBER.fullmatch(v.strip()):
+      v, ok = float(v), True
+    if not ok or not math.isfinite(float(v)):
+      raise ValueError(f"{getattr(r, 'where', '') or what}: regression label {r['label']!r}"
+                       " is not a finite number")
+    r["label"] = float(v)
+  return rows
+
+
+def tag_names(given: Sequence) -> Tuple[str, ...]:
+  """`finetune.labels` as tag names (stripped); empty or repeated ones are an error."""
+  labels = tuple(str(g).strip() for g in given)
+  if len(set(labels)) != len(labels) or not all(labels):
+    raise ValueError(f"finetune.labels {list(given)}: empty or repeated tag names")
+  return labels
+
+
+def tag_labels(train, evals, given=(), unknown: str = "error",
+               skipped: Optional[Dict[str, int]] = None,
+               names: Tuple[str, str] = ("the training sentences", "the eval sentences")):
+  """Token classification: -> (tags, train sentences, eval sentences). The tag set is
+  `given`, else the training tags (string order); a training tag outside `given` is an
+  error; an eval tag outside the set per `unknown` (the whole sentence skipped)."""
+  skipped = {} if skipped is None else skipped
+  if given:
+    labels = tag_names(given)
+    _check_known(train, lambda s: s[1], labels, "finetune.labels", "training", "error",
+                 skipped)
+  else:
+    labels = tuple(sorted({t for _, tags in train for t in tags}))
+  evals = _check_known(evals, lambda s: s[1], labels,
+                       "finetune.labels" if given else "training", "eval", unknown, skipped)
+  _need_known(evals, names[1], skipped)
+  return labels, train, evals
 
 
 # ---- encoders -----------------------------------------------------------------------------
@@ -403,17 +781,20 @@ def pack_rows(batch: Dict[str, np.ndarray], task: str, rows: Sequence[int],
 
 
 def batches(arrays: Dict[str, np.ndarray], batch_size: int, seed: Optional[int] = None,
-            buckets: Optional[Sequence[int]] = None, pack: Optional[Dict] = None):
+            buckets: Optional[Sequence[int]] = None, pack: Optional[Dict] = None,
+            start: int = 0):
   """Batches of `batch_size` rows (shuffled by `seed` when given); the last is padded
   with copies of row 0 at example_weight 0, so every batch has `batch_size` rows. With
   `buckets` (length_buckets), each batch's sequence arrays are cut to the smallest
   width that holds its longest row: a few shapes (one compiled step each) instead of
   computing every row at full seq_len. With `pack` (pack_rows' task, rows, pad_id,
   seen), each batch's `batch_size` examples are packed into rows of the arrays' width
-  instead (no cut: the rows are full, their count adapts)."""
+  instead (no cut: the rows are full, their count adapts). `start`: the batches from
+  that index on (a resumed epoch: the same order, the first `start` batches not built;
+  pack's `seen` must then be the one saved with the position)."""
   n = len(arrays["example_weight"])
   order = np.arange(n) if seed is None else np.random.default_rng(seed).permutation(n)
-  for lo in range(0, n, batch_size):
+  for lo in range(int(start) * batch_size, n, batch_size):
     idx = order[lo:lo + batch_size]
     fill = batch_size - len(idx)
     take = np.concatenate([idx, np.zeros(fill, np.int64)]) if fill else idx
