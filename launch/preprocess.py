@@ -412,9 +412,13 @@ def preprocess(config, out: str, *, workers: int | None = None, docs_per_shard: 
 def main(argv):
   del argv
   from absl import flags  # pylint: disable=g-import-not-at-top
+  from launch import cli  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
-  m = preprocess(f.config, f.out, workers=f.workers, docs_per_shard=f.docs_per_shard,
-                 pack=f.pack)
+  try:
+    m = preprocess(f.config, f.out, workers=f.workers, docs_per_shard=f.docs_per_shard,
+                   pack=f.pack)
+  except ValueError as e:  # bad settings, bad input, an --out that is not ours: one line
+    cli.fail(" ".join(str(e).split()), 1)
   t = m["totals"]
   print(f"wrote {len(m['shards']['train'])} train + {len(m['shards']['eval'])} eval shards "
         f"to {f.out}: {t['train']['documents']} documents, {t['train']['tokens']} tokens, "
@@ -431,4 +435,5 @@ if __name__ == "__main__":
   flags.DEFINE_integer("docs_per_shard", 20_000, "documents per shard")
   flags.DEFINE_bool("pack", True, "packing=documents: pack pieces best-fit into rows")
   flags.mark_flags_as_required(["config", "out"])
-  app.run(main)
+  from launch import cli  # pylint: disable=g-import-not-at-top
+  app.run(main, flags_parser=cli.parse_flags)

@@ -212,6 +212,21 @@ def read_manifest(path: str) -> dict:
   return manifest
 
 
+def check_manifest(data) -> dict:
+  """The manifest of `data.path`, checked against the config's row settings (one-line
+  ValueErrors; a start-up check: it reads only manifest.json)."""
+  path = data.get("path", "")
+  manifest = read_manifest(path)
+  for key in ("seq_len", "packing"):
+    if manifest[key] != data[key]:
+      raise ValueError(f"data.{key}={data[key]!r} but the shards in {path} were written "
+                       f"with {manifest[key]!r}: preprocess again or change the config")
+  if data.packing == "pairs" and manifest.get("pair_task") != data.get("pair_task", "nsp"):
+    raise ValueError(f"data.pair_task={data.get('pair_task', 'nsp')!r} but the shards hold "
+                     f"{manifest.get('pair_task')!r} pairs")
+  return manifest
+
+
 def load_tokenizer(path: str, manifest: dict, tok_config):
   """The tokenizer the shards were written with; its fingerprint must match."""
   from etils import epath  # pylint: disable=g-import-not-at-top
@@ -259,14 +274,7 @@ def make_pipeline(config, workdir, *, process_index: int, process_count: int):
   t0 = time.perf_counter()
   data = config.data
   path = data.get("path", "")
-  manifest = read_manifest(path)
-  for key in ("seq_len", "packing"):
-    if manifest[key] != data[key]:
-      raise ValueError(f"data.{key}={data[key]!r} but the shards in {path} were written "
-                       f"with {manifest[key]!r}: preprocess again or change the config")
-  if data.packing == "pairs" and manifest.get("pair_task") != data.get("pair_task", "nsp"):
-    raise ValueError(f"data.pair_task={data.get('pair_task', 'nsp')!r} but the shards hold "
-                     f"{manifest.get('pair_task')!r} pairs")
+  manifest = check_manifest(data)
   if int(data.global_batch) % process_count:
     raise ValueError(f"data.global_batch={data.global_batch} is not divisible by the "
                      f"{process_count} processes")

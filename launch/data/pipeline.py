@@ -242,7 +242,7 @@ def validate(config) -> None:
   badinput.check_settings(*badinput.settings(data))
   if data.source == "arrayrecord":
     from launch.data import arrayrecord  # pylint: disable=g-import-not-at-top
-    arrayrecord.check_path(data.get("path", ""))
+    arrayrecord.check_manifest(data)
   if data.packing not in PACKINGS:
     raise ValueError(f"data.packing={data.packing!r}; expected one of {PACKINGS}")
   pairs.check_task(data.get("pair_task", "nsp"))
