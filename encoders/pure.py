@@ -40,12 +40,14 @@ def as_function(model):
 
 
 def load(path: str, heads=None, *, mesh=None, rules=None, shardings=None, param_dtype=None,
-         **overrides):
+         allow_nonfinite=False, **overrides):
   """An HF directory -> (apply_fn, params). The arguments are `encoders.from_hf`'s:
-  with `mesh` the params are sharded jax.Arrays on it, streamed from the files."""
+  with `mesh` the params are sharded jax.Arrays on it, streamed from the files; weights
+  holding NaN or inf are refused unless `allow_nonfinite=True`."""
   from encoders.hf import from_hf
   model, params = from_hf(path, heads, mesh=mesh, rules=rules, shardings=shardings,
-                          param_dtype=param_dtype, **overrides)
+                          param_dtype=param_dtype, allow_nonfinite=allow_nonfinite,
+                          **overrides)
   return as_function(model), params
 
 

@@ -18,6 +18,11 @@ What each direction writes:
   `--config.init_from=ORBAX_DIR`, and `launch.export` / `encoders.load` take it too.
 - ORBAX -> HF: `encoders.to_hf` of those params, plus the tokenizer files.
 HF -> ORBAX -> HF gives back every tensor bit for bit.
+
+`--out` is written atomically (a temporary directory, renamed into place when complete)
+and must be absent, an empty directory, or an earlier output of this command or of an
+HF export (recognised by its marker file, encoders/outdir.py). Anything else, a training
+work directory above all, is refused before any work and left untouched.
 """
 import argparse
 import json
@@ -26,7 +31,10 @@ import shutil
 import sys
 from typing import Optional
 
+from encoders import outdir
 from encoders.hf.stream import ORBAX_PARAMS, is_orbax_dir
+
+CONVERT = "launch.convert"  # the writer named in the marker of what this command writes
 
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "config.json", ORBAX_PARAMS)
 
@@ -56,35 +64,49 @@ def _copy_side_files(src: str, dst: str):
       shutil.copy2(s, os.path.join(dst, name))
 
 
-def _fresh(path: str):
-  if os.path.exists(path):
-    if not os.path.isdir(path) or os.listdir(path):
-      raise ValueError(f"--out {path} exists and is not empty; choose a new directory")
-  os.makedirs(path, exist_ok=True)
+def check_out(out: str, src: Optional[str] = None):
+  """Raises OutputDirError unless `out` may be written: absent, empty, or an earlier
+  output of this command or of an HF export; never a work directory, nor `src` or a
+  directory holding it."""
+  from encoders.hf import check_export_target
+  out_abs = os.path.abspath(out)
+  if src is not None:
+    src_abs = os.path.abspath(src)
+    if src_abs == out_abs or src_abs.startswith(out_abs.rstrip(os.sep) + os.sep):
+      raise outdir.OutputDirError(f"--out {out} is --from {src} or holds it; choose a new "
+                                  "directory")
+  if os.path.isdir(os.path.join(out, "checkpoints")):
+    raise outdir.OutputDirError(f"--out {out} is a training work directory (it holds "
+                                "checkpoints/); convert never writes into one: choose a new "
+                                "directory")
+  check_export_target(out, "--out")
 
 
 def hf_to_orbax(src: str, out: str) -> str:
   import jax
   import orbax.checkpoint as ocp
   import encoders
-  _fresh(out)
+  check_out(out, src)
   _, params = encoders.from_hf(src, scan_layers=False, vocab_pad_multiple=1)
   params = jax.device_get(params)
-  with ocp.StandardCheckpointer() as ckpt:
-    ckpt.save(os.path.join(os.path.abspath(out), ORBAX_PARAMS), params)
-    ckpt.wait_until_finished()
-  shutil.copy2(os.path.join(src, "config.json"), os.path.join(out, "config.json"))
-  _copy_side_files(src, out)
+  with outdir.atomic_dir(out, CONVERT) as tmp:
+    with ocp.StandardCheckpointer() as ckpt:
+      ckpt.save(os.path.join(tmp, ORBAX_PARAMS), params)
+      ckpt.wait_until_finished()
+    shutil.copy2(os.path.join(src, "config.json"), os.path.join(tmp, "config.json"))
+    _copy_side_files(src, tmp)
   return out
 
 
 def orbax_to_hf(src: str, out: str) -> str:
   import encoders
   from encoders.hf import hf_config
+  check_out(out, src)
   model, params = encoders.from_hf(src, scan_layers=False)
   archs = hf_config(src).get("architectures") or [None]
-  encoders.to_hf(model, params, out, architecture=archs[0])
-  _copy_side_files(src, out)
+  with outdir.atomic_dir(out, CONVERT) as tmp:
+    encoders.to_hf(model, params, tmp, architecture=archs[0])
+    _copy_side_files(src, tmp)
   return out
 
 
@@ -95,6 +117,7 @@ def workdir_to_hf(workdir: str, out: str, step: Optional[int] = None) -> str:
   import orbax.checkpoint as ocp
   from launch.data import tokenization
   from launch import trainer as train
+  check_out(out, workdir)
   workdir = os.path.abspath(workdir)
   with open(os.path.join(workdir, "config.json")) as f:
     config = ml_collections.ConfigDict(json.load(f))
@@ -114,7 +137,8 @@ def workdir_to_hf(workdir: str, out: str, step: Optional[int] = None) -> str:
         state=ocp.args.StandardRestore(setup.abstract_state)))
   state = restored["state"]
   params = jax.device_get({**state.params, **state.frozen})
-  setup.objective.export(params, out, tokenizer)
+  with outdir.atomic_dir(out, CONVERT) as tmp:  # the objective's export, then renamed
+    setup.objective.export(params, tmp, tokenizer)
   return out
 
 
@@ -131,6 +155,7 @@ def convert(src: str, out: str, step: Optional[int] = None) -> str:
                      "directory")
   if os.path.abspath(src) == os.path.abspath(out):
     raise ValueError("--out must differ from --from")
+  check_out(out, src)  # before any work
   if kind == "workdir":
     workdir_to_hf(src, out, step)
     return "hf"

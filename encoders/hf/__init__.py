@@ -63,7 +63,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from encoders import layers
+from encoders import layers, outdir
 from encoders.hf.rules import (KINDS, PerLayer, Rule, Table, expand, export_rule,  # noqa: F401
                                import_rule, layer_indices)
 
@@ -137,18 +137,13 @@ def refuse_unknown(hf: dict, consumed: Sequence[str], required: Dict[str, object
                      f"{hf.get('model_type')!r}: {', '.join(unknown)}")
 
 
-def read_safetensors(path: str) -> Dict[str, np.ndarray]:
-  """All tensors of an HF directory as float32/int numpy arrays. Refuses pickle files."""
-  from safetensors.numpy import load_file
-  from encoders.hf.stream import weight_files
-  files = weight_files(path)
-  tensors = {}
-  for name in files:
-    for key, value in load_file(name).items():
-      if value.dtype.kind == "f" or value.dtype.name == "bfloat16":
-        value = value.astype(np.float32)
-      tensors[key] = value
-  return tensors
+def read_safetensors(path: str, allow_nonfinite: bool = False) -> Dict[str, np.ndarray]:
+  """All tensors of an HF directory as float32/int numpy arrays (headers checked, floats
+  refused when they hold NaN / inf unless `allow_nonfinite`). Refuses pickle files."""
+  from encoders.hf.stream import Tensors, _is_float
+  tensors = Tensors(path, allow_nonfinite)
+  return {key: tensors.read(key) if _is_float(tensors.entries[key][1])
+          else tensors.read_raw(key) for key in tensors}
 
 
 def _architecture(mapping: Mapping, hf: dict, tensors: Dict[str, np.ndarray]) -> str:
@@ -206,14 +201,30 @@ def _mapping_for(model_type) -> Mapping:
 
 
 def hf_config(path: str) -> dict:
-  with open(os.path.join(path, "config.json")) as f:
-    return json.load(f)
+  """`path`'s config.json; ValueError naming the file when it is missing or malformed."""
+  name = os.path.join(path, "config.json")
+  if not os.path.isfile(name):
+    raise ValueError(f"{path} has no config.json: not a Hugging Face model directory")
+  try:
+    with open(name) as f:
+      hf = json.load(f)
+  except (ValueError, UnicodeDecodeError) as e:
+    raise ValueError(f"{name} is not valid JSON ({e})") from None
+  if not isinstance(hf, dict):
+    raise ValueError(f"{name} is not a JSON object")
+  return hf
 
 
 def from_hf(path: str, heads: Optional[Sequence[str]] = None, *, mesh=None, rules=None,
-            shardings=None, param_dtype=None, **overrides):
+            shardings=None, param_dtype=None, allow_nonfinite=False, **overrides):
   """Loads an HF directory -> (model, params). `heads` defaults to the checkpoint's
   architecture; `overrides` set model config fields (e.g. dtype="bfloat16").
+
+  Refused, with an error naming the file (and tensor): a malformed safetensors header
+  (length past the file or over 100 MB, offsets outside the file or overlapping, a shape
+  that does not match its bytes, an unknown dtype), a sharded index naming a missing
+  file, a tensor stored as integers, and any weight holding NaN or inf unless
+  `allow_nonfinite=True`.
 
   Tensors stream from the safetensors file(s) one at a time (encoders/hf/stream.py).
   `mesh`: place every param as a jax.Array sharded on it by its logical axes through
@@ -223,7 +234,7 @@ def from_hf(path: str, heads: Optional[Sequence[str]] = None, *, mesh=None, rule
   casts the stored params (default: the model's param dtype, float32)."""
   from encoders.hf import stream
   return stream.load(path, heads, mesh=mesh, rules=rules, shardings=shardings,
-                     param_dtype=param_dtype, **overrides)
+                     param_dtype=param_dtype, allow_nonfinite=allow_nonfinite, **overrides)
 
 
 def _family_hook(cfg, name, default):
@@ -236,7 +247,11 @@ def _family_hook(cfg, name, default):
 def to_hf(model, params, path: str, architecture: Optional[str] = None):
   """Writes `config.json` + `model.safetensors` that transformers loads with
   `from_pretrained` with no missing or unexpected keys. Written to a temporary
-  directory and renamed into place, so a crash never leaves a half-written checkpoint."""
+  directory and renamed into place, so a crash never leaves a half-written checkpoint.
+  `path` must be absent, an empty directory or an earlier export (its marker file,
+  encoders/outdir.py); a directory of anything else is refused (outdir.OutputDirError,
+  a ValueError) before any work, and nothing in it is touched."""
+  check_export_target(path)
   cfg = model.config
   mapping = _MAPPINGS.get(cfg.family) or next(
       (m for m in _MAPPINGS.values() if cfg.family in m.model_types), None)
@@ -255,13 +270,34 @@ def to_hf(model, params, path: str, architecture: Optional[str] = None):
   return write_export(path, table, flat, cfg, prefix, hf, "HF mapping")
 
 
+# The writer named in the marker file (encoders/outdir.py) of every HF directory to_hf
+# writes, and the writers whose directories an HF export may replace: only such model
+# directories, never another writer's (a run's work directory, shards) or a user's.
+HF_EXPORT = "HF export"
+REPLACEABLE = (HF_EXPORT, "launch.convert")
+
+
+def check_export_target(path: str, what: str = HF_EXPORT, writers=REPLACEABLE) -> None:
+  """Raises outdir.OutputDirError unless `path` is absent, an empty directory, or an earlier
+  output of one of `writers` (recognised by its marker file). A directory without the
+  marker is never replaced, whatever it holds: an export written before markers existed
+  must be removed by hand (it cannot be told from a user's save_pretrained directory)."""
+  outdir.check_target(path, what)
+  if outdir.is_ours(path) and outdir.writer_of(path) not in writers:
+    raise outdir.OutputDirError(
+        f"{what} {path} is this project's {outdir.writer_of(path) or 'unnamed'!r} output, "
+        "not a model directory an export may replace; refusing to touch it: choose a new "
+        "directory")
+
+
 def write_export(path, table, flat, cfg, prefix, hf, what):
   """Writes an HF directory from our flat params through an expanded rule table, atomically
-  (temp dir, then rename). Refuses params no rule covers: silently dropping a trained
-  tensor would lose it. Shared by `to_hf` and the task-model export."""
-  import shutil
-  import tempfile
+  (outdir.atomic_dir: a temp dir, renamed into place). `path` must be absent, empty or an
+  earlier export (`check_export_target`); anything else is refused before any work.
+  Refuses params no rule covers: silently dropping a trained tensor would lose it. Shared
+  by `to_hf` and the task-model export."""
   from safetensors.numpy import save_file
+  check_export_target(path)
   uncovered = sorted(set(flat) - {p for rule in table for p in rule.our_paths})
   if uncovered:
     raise ValueError(f"the {cfg.family!r} {what} has no rule for params "
@@ -270,32 +306,14 @@ def write_export(path, table, flat, cfg, prefix, hf, what):
   for rule in table:
     for key, value in export_rule(rule, flat, cfg).items():
       tensors[f"{prefix}.{key}" if (rule.base and prefix) else key] = value
-  parent = os.path.dirname(os.path.abspath(path))
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".to_hf_", dir=parent)
-  try:
+  with outdir.atomic_dir(path, HF_EXPORT) as tmp:
     save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(hf, f, indent=2, sort_keys=True)
-    _modes_from_umask(tmp)
-    if os.path.exists(path):
-      shutil.rmtree(path)
-    os.replace(tmp, path)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
   return path
 
 
-def _modes_from_umask(directory):
-  """mkdtemp makes 0700 directories and safetensors 0600 files: give the export the modes
-  the user's umask gives every other file (0755 / 0644 under umask 022)."""
-  mask = os.umask(0)
-  os.umask(mask)
-  os.chmod(directory, 0o777 & ~mask)
-  for name in os.listdir(directory):
-    p = os.path.join(directory, name)
-    os.chmod(p, (0o777 if os.path.isdir(p) else 0o666) & ~mask)
+_modes_from_umask = outdir.modes_from_umask  # the former private name
 
 
 _CORE = ("rules", "stream")  # modules of this package that are not family mappings

@@ -18,7 +18,10 @@
   on the default device as before.
 
 Every check of the in-memory path is kept: missing, unexpected and mis-shaped tensors,
-tied weights (compared in row blocks), computed tables, the mapping's coverage.
+tied weights (compared in row blocks), computed tables, the mapping's coverage. Before
+any tensor is read, each file's header is checked (`read_header`: its length, dtypes,
+shapes and offsets; a sharded index naming a missing file); as each tensor streams in,
+it is refused when stored as integers, or holding NaN / inf (unless `allow_nonfinite`).
 
 A directory that `launch.convert` wrote from an HF one (config.json + our params as an
 Orbax checkpoint under `params/`, no safetensors) loads the same way: Orbax restores each
@@ -41,16 +44,34 @@ _PLAIN = ("vector", "embedding", "linear")  # kinds read per shard
 _TIE_BLOCK = 4096  # rows compared at a time when checking tied weights
 
 
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on a file's JSON header
+_CHECK_BLOCK = 1 << 24  # elements tested for finiteness at a time (bounded temporaries)
+
+
 def weight_files(path: str):
-  """The safetensors files of an HF directory (single or sharded). Refuses pickle."""
+  """The safetensors files of an HF directory (single or sharded). Refuses pickle, and an
+  index that is malformed or names a shard that is not there."""
   single = os.path.join(path, "model.safetensors")
   index = os.path.join(path, "model.safetensors.index.json")
   if os.path.isfile(single):
     return [single]
   if os.path.isfile(index):
-    with open(index) as f:
-      weight_map = json.load(f)["weight_map"]
-    return [os.path.join(path, name) for name in sorted(set(weight_map.values()))]
+    try:
+      with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+      names = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+      raise ValueError(f"{index} is not a safetensors index (a JSON object with a "
+                       f"'weight_map' of tensor -> file): {type(e).__name__}: {e}") from None
+    if not names:
+      raise ValueError(f"{index}: its weight_map names no file")
+    for name in names:
+      if not isinstance(name, str) or os.path.basename(name) != name or name in (".", ".."):
+        raise ValueError(f"{index} names shard {name!r}, which is not a file name in "
+                         f"{path}")
+      if not os.path.isfile(os.path.join(path, name)):
+        raise ValueError(f"{index} names shard {name}, which is missing from {path}")
+    return [os.path.join(path, name) for name in names]
   if any(os.path.isfile(os.path.join(path, n)) for n in ("pytorch_model.bin", "tf_model.h5")):
     raise ValueError(f"{path} holds only a pickle-based checkpoint (pytorch_model.bin); "
                      "encoder-zoo never unpickles files. Convert it to safetensors first "
@@ -59,30 +80,109 @@ def weight_files(path: str):
   raise ValueError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
 
+def read_header(name: str):
+  """The checked header of safetensors file `name` -> ({key: (dtype, shape, absolute byte
+  offset)}, data bytes). Everything is checked before a tensor byte is read: the header
+  length against the file and MAX_HEADER_BYTES, the JSON, every entry's dtype, shape and
+  offsets (inside the file, not negative, not overlapping, the byte size of the shape).
+  Every error names the file, and the tensor where there is one."""
+  size = os.path.getsize(name)
+  with open(name, "rb") as f:
+    head = f.read(8)
+    if len(head) < 8:
+      raise ValueError(f"{name}: {size} bytes, too short for a safetensors file")
+    n = int.from_bytes(head, "little")
+    if n > MAX_HEADER_BYTES:
+      raise ValueError(f"{name}: header length {n} bytes exceeds the "
+                       f"{MAX_HEADER_BYTES}-byte limit; not a safetensors file, or corrupt")
+    if n > size - 8:
+      raise ValueError(f"{name}: header length {n} bytes is larger than the file "
+                       f"({size} bytes); truncated or not a safetensors file")
+    raw = f.read(n)
+  try:
+    header = json.loads(raw)
+  except (ValueError, UnicodeDecodeError) as e:
+    raise ValueError(f"{name}: the safetensors header is not valid JSON ({e})") from None
+  if not isinstance(header, dict):
+    raise ValueError(f"{name}: the safetensors header is not a JSON object")
+  data = size - 8 - n
+  entries, spans = {}, []
+  for key, meta in header.items():
+    if key == "__metadata__":
+      continue
+    where = f"{name}: tensor {key!r}"
+    if not isinstance(meta, dict) or not {"dtype", "shape", "data_offsets"} <= set(meta):
+      raise ValueError(f"{where}: header entry needs dtype, shape and data_offsets")
+    if meta["dtype"] not in _DTYPES:
+      raise ValueError(f"{where} has dtype {meta['dtype']}, which encoder-zoo does not "
+                       f"read (supported: {sorted(_DTYPES)})")
+    shape, offsets = meta["shape"], meta["data_offsets"]
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+      raise ValueError(f"{where} has shape {shape!r}; expected a list of non-negative ints")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(
+        isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+      raise ValueError(f"{where} has data_offsets {offsets!r}; expected [start, end]")
+    start, end = offsets
+    if start < 0 or end < start:
+      raise ValueError(f"{where} has data_offsets [{start}, {end}]: negative or reversed")
+    if end > data:
+      raise ValueError(f"{where} has data_offsets [{start}, {end}] past the end of the "
+                       f"file's {data} data bytes; truncated or corrupt")
+    dtype, shape = np.dtype(_DTYPES[meta["dtype"]]), tuple(shape)
+    if end - start != math.prod(shape) * dtype.itemsize:
+      raise ValueError(f"{where} header is inconsistent (shape {shape} of "
+                       f"{meta['dtype']} is {math.prod(shape) * dtype.itemsize} bytes, its "
+                       f"data_offsets span {end - start} bytes)")
+    spans.append((start, end, key))
+    entries[key] = (dtype, shape, 8 + n + start)
+  reach, holder = 0, None  # the furthest end so far, and whose it is
+  for start, end, key in sorted(spans):
+    if end == start:  # zero-size tensors overlap nothing
+      continue
+    if start < reach:
+      raise ValueError(f"{name}: tensors {holder!r} and {key!r} overlap (their bytes "
+                       f"share [{start}, {min(end, reach)}))")
+    reach, holder = end, key
+  return entries, data
+
+
+def _is_float(dtype) -> bool:
+  return dtype.kind == "f" or dtype == ml_dtypes.bfloat16
+
+
+def count_nonfinite(value: np.ndarray) -> int:
+  """Non-finite (NaN, inf) elements of float array `value`, in blocks (the temporaries
+  stay small however large the tensor)."""
+  flat = value.reshape(-1)
+  bad = 0
+  for i in range(0, flat.size, _CHECK_BLOCK):
+    part = flat[i:i + _CHECK_BLOCK]
+    if not np.isfinite(part).all():
+      bad += int(part.size - np.count_nonzero(np.isfinite(part)))
+  return bad
+
+
 class Tensors:
   """The tensors of an HF directory, by key, read on demand (floats as float32).
 
-  Only headers are read at construction. `tensors[key]` reads a whole tensor;
-  `read(key, index)` only the part `index` (a tuple of slices) selects."""
+  Only headers are read at construction (and checked: `read_header`). `tensors[key]`
+  reads a whole tensor; `read(key, index)` only the part `index` (a tuple of slices).
+  A read refuses a tensor stored with an integer or bool dtype (every param is a float)
+  and, unless `allow_nonfinite`, one holding NaN or inf; both errors name the file and
+  the tensor. The finiteness check runs on each part as it is read, so it costs no more
+  memory than the read itself."""
 
-  def __init__(self, path: str):
+  def __init__(self, path: str, allow_nonfinite: bool = False):
+    self.allow_nonfinite = allow_nonfinite
     self.entries = {}  # key -> (file, dtype, shape, byte offset)
     for name in weight_files(path):
-      with open(name, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
-      for key, meta in header.items():
-        if key == "__metadata__":
-          continue
-        if meta["dtype"] not in _DTYPES:
-          raise ValueError(f"{name}: tensor {key!r} has dtype {meta['dtype']}, which "
-                           f"encoder-zoo does not read (supported: {sorted(_DTYPES)})")
-        dtype, shape = np.dtype(_DTYPES[meta["dtype"]]), tuple(meta["shape"])
-        start, end = meta["data_offsets"]
-        if end - start != math.prod(shape) * dtype.itemsize:
-          raise ValueError(f"{name}: tensor {key!r} header is inconsistent (shape {shape}, "
-                           f"{end - start} bytes)")
-        self.entries[key] = (name, dtype, shape, 8 + size + start)
+      entries, _ = read_header(name)
+      for key, (dtype, shape, offset) in entries.items():
+        if key in self.entries:
+          raise ValueError(f"tensor {key!r} is stored twice: in {self.entries[key][0]} "
+                           f"and in {name}")
+        self.entries[key] = (name, dtype, shape, offset)
 
   def strip_prefix(self, prefix: str):
     """HF files name base-model tensors with or without `prefix.`; drop it (in place)."""
@@ -94,8 +194,26 @@ class Tensors:
     return self.entries[key][2]
 
   def read(self, key: str, index=None) -> np.ndarray:
+    """Float tensor `key` (or its part `index`) as float32, checked (class docstring)."""
+    name, dtype, shape, _ = self.entries[key]
+    if not _is_float(dtype):
+      raise ValueError(f"{name}: tensor {key!r} is stored as {dtype.name}, but every "
+                       "encoder-zoo param is floating point; refusing to convert integers "
+                       "into weights (a corrupt or mislabelled file)")
+    value = self.read_raw(key, index)
+    if not self.allow_nonfinite:
+      bad = count_nonfinite(value)
+      if bad:
+        raise ValueError(
+            f"{name}: tensor {key!r} holds {bad} non-finite value(s) (NaN or inf)"
+            f"{'' if index is None else ' in the part read'}; refusing to load it. Pass "
+            "allow_nonfinite=True to load it anyway.")
+    return value
+
+  def read_raw(self, key: str, index=None) -> np.ndarray:
+    """Tensor `key` (or its part `index`) as stored, floats as float32; unchecked."""
     name, dtype, shape, offset = self.entries[key]
-    out_dtype = np.float32 if dtype.kind == "f" or dtype == ml_dtypes.bfloat16 else dtype
+    out_dtype = np.float32 if _is_float(dtype) else dtype
     if math.prod(shape) == 0:
       value = np.zeros(shape, out_dtype)
       return value if index is None else value[index]
@@ -339,13 +457,26 @@ def _restore_orbax(path, expected, place_at, dtype_of, vocab_size):
   return flat
 
 
-def config(path: str, heads: Optional[Sequence[str]] = None, **overrides):
-  """The model config of an HF directory (no tensor data is read). -> (cfg, mapping,
-  architecture, hf config dict, Tensors)."""
+def check_finite(flat, what: str):
+  """Raises ValueError naming the first param of {path: jax.Array} `flat` holding NaN or
+  inf (checked on its devices; one scalar per param comes back)."""
+  finite = jax.jit(lambda x: jnp.all(jnp.isfinite(x)))
+  for key in sorted(flat):
+    x = flat[key]
+    if jnp.issubdtype(x.dtype, jnp.floating) and not bool(
+        np.asarray(finite(x).addressable_data(0))):
+      raise ValueError(f"{what} {key!r} holds non-finite values (NaN or inf); refusing to "
+                       "load it. Pass allow_nonfinite=True to load it anyway.")
+
+
+def config(path: str, heads: Optional[Sequence[str]] = None, *, allow_nonfinite=False,
+           **overrides):
+  """The model config of an HF directory (no tensor data is read; the safetensors headers
+  are checked). -> (cfg, mapping, architecture, hf config dict, Tensors)."""
   from encoders import hf as hf_lib
   hf = hf_lib.hf_config(path)
   mapping = hf_lib._mapping_for(hf.get("model_type"))
-  tensors = None if is_orbax_dir(path) else Tensors(path)
+  tensors = None if is_orbax_dir(path) else Tensors(path, allow_nonfinite)
   arch = hf_lib._architecture(mapping, hf, tensors)
   _, arch_heads = mapping.architectures[arch]
   cfg = mapping.config_from_hf(hf, tuple(heads) if heads is not None else arch_heads)
@@ -355,13 +486,14 @@ def config(path: str, heads: Optional[Sequence[str]] = None, **overrides):
 
 
 def load(path: str, heads: Optional[Sequence[str]] = None, *, mesh=None, rules=None,
-         shardings=None, param_dtype=None, **overrides):
+         shardings=None, param_dtype=None, allow_nonfinite=False, **overrides):
   """-> (model, params): see the module docstring and `encoders.from_hf`."""
   import encoders
   import ml_collections
   from encoders import layers
   from encoders.hf import _family_hook, _flatten, _set
-  cfg, mapping, arch, hf, tensors = config(path, heads, **overrides)
+  cfg, mapping, arch, hf, tensors = config(path, heads, allow_nonfinite=allow_nonfinite,
+                                           **overrides)
   model = encoders.build(cfg)
   final_shardings = _flat_shardings(shardings)
   if mesh is None and final_shardings:
@@ -387,6 +519,8 @@ def load(path: str, heads: Optional[Sequence[str]] = None, *, mesh=None, rules=N
 
   if tensors is None:
     flat = _restore_orbax(path, expected, place_at, dtype_of, cfg.vocab_size)
+    if not allow_nonfinite:
+      check_finite(flat, f"{os.path.join(path, ORBAX_PARAMS)}: param")
   else:
     flat = _import_tensors(path, tensors, mapping, hf, arch, cfg, expected, shapes, place_at,
                            dtype_of)

@@ -17,8 +17,8 @@ import ml_collections
 import numpy as np
 
 from encoders import base, layers, tasks
-from encoders.hf import (write_export, _flatten, _mapping_for, _set, _strip_prefix, expand,
-                         hf_config, import_rule, read_safetensors)
+from encoders.hf import (write_export, _flatten, _mapping_for, _set, expand, hf_config,
+                         import_rule)
 from encoders.hf.rules import Rule
 
 
@@ -95,9 +95,12 @@ def labels_from_hf(hf: dict):
   return tuple(str(id2label[str(i)] if str(i) in id2label else id2label[i]) for i in ids)
 
 
-def from_hf(path: str, **overrides):
+def from_hf(path: str, *, allow_nonfinite: bool = False, **overrides):
   """An HF `...ForSequenceClassification` / `...ForTokenClassification` /
-  `...ForQuestionAnswering` directory -> (TaskModel, params); the labels from id2label."""
+  `...ForQuestionAnswering` directory -> (TaskModel, params); the labels from id2label.
+  The files are checked as `encoders.from_hf` checks them (headers before any read,
+  integer-stored tensors, and NaN / inf unless `allow_nonfinite=True`)."""
+  from encoders.hf.stream import Tensors
   hf = hf_config(path)
   mapping = _mapping_for(hf.get("model_type"))
   archs = hf.get("architectures") or []
@@ -120,7 +123,8 @@ def from_hf(path: str, **overrides):
   expected = _flatten(jax.eval_shape(lambda: tasks.init_params(flat_model,
                                                                jax.random.PRNGKey(0))))
   shapes = {k: tuple(v.shape) for k, v in expected.items()}
-  tensors = _strip_prefix(read_safetensors(path), mapping.base_prefix(hf))
+  tensors = Tensors(path, allow_nonfinite)  # headers only: tensors are read per rule
+  tensors.strip_prefix(mapping.base_prefix(hf))
   flat, used = {}, set()
   try:
     for rule in expand(list(mapping.rules(tcfg)) + task_head_rules(tcfg, task, th), tcfg):
@@ -150,9 +154,10 @@ def from_hf(path: str, **overrides):
 def to_hf(model: tasks.TaskModel, params, path: str, labels=None):
   """Writes `config.json` + `model.safetensors` that transformers' task class loads with
   no missing or unexpected keys; id2label / label2id from `labels` (default: the
-  model's). Written to a temporary directory and renamed into place."""
-
-  from encoders.hf import _MAPPINGS
+  model's). Written to a temporary directory and renamed into place; `path` must be
+  absent, empty or an earlier export (refused before any work otherwise, as `to_hf`)."""
+  from encoders.hf import _MAPPINGS, check_export_target
+  check_export_target(path)
   cfg = model.config
   mapping = _MAPPINGS.get(cfg.family) or next(
       (m for m in _MAPPINGS.values() if cfg.family in m.model_types), None)

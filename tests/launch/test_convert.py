@@ -95,8 +95,9 @@ def test_bad_arguments_are_named(tmp_path):
     convert.convert(src, str(tmp_path / "x"), step=3)
   (tmp_path / "full").mkdir()
   (tmp_path / "full" / "f").write_text("x")
-  with pytest.raises(ValueError, match="exists and is not empty"):
+  with pytest.raises(ValueError, match="non-empty directory this project did not write"):
     convert.convert(src, str(tmp_path / "full"))
+  assert os.listdir(tmp_path / "full") == ["f"]
   assert convert.main(["--from", str(tmp_path), "--out", str(tmp_path / "y")]) == 2
 
 
@@ -130,3 +131,74 @@ def test_workdir_checkpoint_of_any_step_to_hf(trained_workdir, tmp_path):
   convert.convert(orbax_dir, back)
   _same_tensors(step2, back)
   shutil.rmtree(orbax_dir)
+
+
+def _fake_workdir(path, mark):
+  """What a run's work directory holds that convert must never delete."""
+  from encoders import outdir
+  os.makedirs(os.path.join(path, "checkpoints", "4", "state"))
+  with open(os.path.join(path, "checkpoints", "4", "state", "data"), "w") as f:
+    f.write("weights")
+  with open(os.path.join(path, "config.json"), "w") as f:
+    f.write("{}")
+  with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+    f.write('{"step": 4}\n')
+  if mark:
+    outdir.write_marker(path, "training work directory")
+  return sorted(os.path.relpath(os.path.join(r, n), path)
+                for r, ds, fs in os.walk(path) for n in ds + fs)
+
+
+@pytest.mark.parametrize("mark", [False, True])
+def test_out_pointed_at_a_work_directory_is_refused_and_nothing_deleted(tmp_path, mark):
+  from encoders import outdir
+  src = F.tiny_dir("bert")
+  wd = str(tmp_path / "run")
+  before = _fake_workdir(wd, mark)
+  other = str(tmp_path / "other")
+  _fake_workdir(other, False)
+  for source in (src, other):  # HF -> Orbax, and another work directory's export
+    with pytest.raises(outdir.OutputDirError, match=rf"--out {wd} is a training work "
+                                                    r"directory"):
+      convert.convert(source, wd)
+    assert convert.main(["--from", source, "--out", wd]) == 2
+  after = sorted(os.path.relpath(os.path.join(r, n), wd)
+                 for r, ds, fs in os.walk(wd) for n in ds + fs)
+  assert after == before
+  with open(os.path.join(wd, "checkpoints", "4", "state", "data")) as f:
+    assert f.read() == "weights"
+  assert sorted(os.listdir(tmp_path)) == ["other", "run"]  # no temporary left behind
+
+
+def test_out_pointed_at_a_user_directory_or_into_the_source_is_refused(tmp_path):
+  from encoders import outdir
+  src = str(shutil.copytree(F.tiny_dir("bert"), tmp_path / "src"))
+  user = tmp_path / "mine"
+  user.mkdir()
+  (user / "model.safetensors").write_text("not ours")  # even an HF-looking directory
+  with pytest.raises(outdir.OutputDirError, match="did not write"):
+    convert.convert(src, str(user))
+  assert (user / "model.safetensors").read_text() == "not ours"
+  with pytest.raises(outdir.OutputDirError, match="holds it"):
+    convert.convert(src, str(tmp_path))  # --out a directory holding --from
+
+
+def test_convert_replaces_its_own_earlier_output_atomically(tmp_path, monkeypatch):
+  src = F.tiny_dir("bert")
+  orbax_dir, back = str(tmp_path / "orbax"), str(tmp_path / "back")
+  convert.convert(src, orbax_dir)
+  convert.convert(src, orbax_dir)  # its own output: replaced
+  convert.convert(orbax_dir, back)
+  before = _tensors(back)
+  import safetensors.numpy as stn
+
+  def crash(*args, **kwargs):
+    raise OSError("No space left on device")
+  monkeypatch.setattr(stn, "save_file", crash)
+  with pytest.raises(OSError, match="No space"):
+    convert.convert(orbax_dir, back)
+  after = _tensors(back)  # the earlier output is whole
+  assert sorted(before) == sorted(after)
+  for k in before:
+    np.testing.assert_array_equal(before[k], after[k])
+  assert sorted(os.listdir(tmp_path)) == ["back", "orbax"]
