@@ -220,13 +220,19 @@ def _stream_text_file(path: str, mode: str, text_key: str, bad: BadData
   data = _read_bytes(path, bad)
   if data is None:
     return
+  if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+    bad.report("non_utf8", f"{path} at byte 0", "a UTF-16 byte-order mark: the file is "
+               "UTF-16 text; convert it to UTF-8")
+    return
   reason = binary_reason(data, bad.min_printable_ratio)
   if reason is not None:
     bad.report("binary", path, reason)
     return
   name = path.removesuffix(".gz")
+  bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0  # a UTF-8 byte-order mark: not text
   if name.endswith(".jsonl"):
-    offset = 0
+    offset = bom
+    data = data[bom:]
     for n, line in enumerate(data.split(b"\n"), 1):
       start, offset = offset, offset + len(line) + 1
       if not line.strip():
@@ -243,7 +249,12 @@ def _stream_text_file(path: str, mode: str, text_key: str, bad: BadData
         bad.report("bad_json", f"{path} line {n} (byte {start})",
                    f"no {text_key!r} field (data.text_key)")
         continue
-      doc = str(record[text_key]).strip()
+      if not isinstance(record[text_key], str):
+        bad.report("bad_json", f"{path} line {n} (byte {start})",
+                   f"the {text_key!r} field is a JSON {type(record[text_key]).__name__}, "
+                   "not a string")
+        continue
+      doc = record[text_key].strip()
       if not doc:
         bad.report("empty", f"{path} line {n} (byte {start})")
         continue
@@ -253,15 +264,15 @@ def _stream_text_file(path: str, mode: str, text_key: str, bad: BadData
       yield start, doc
     return
   if mode == "file":
-    text = _check(data, path, 0, bad)
+    text = _check(data[bom:], path, bom, bad)
     if text is not None:
       if text.strip():
         yield 0, text.strip()
       else:
         bad.report("empty", f"{path} at byte 0")
     return
-  start = 0  # "\r\n" line ends: "\r" is blank space to the separator; offsets stay exact
-  for m in [*_BLANK_LINES.finditer(data), None]:
+  start = bom  # "\r\n" line ends: "\r" is blank space to the separator; offsets stay exact
+  for m in [*_BLANK_LINES.finditer(data, bom), None]:
     end = m.start() if m is not None else len(data)
     raw = data[start:end]
     if raw.strip():

@@ -243,6 +243,7 @@ def validate(config) -> None:
   if data.source == "arrayrecord":
     from launch.data import arrayrecord  # pylint: disable=g-import-not-at-top
     arrayrecord.check_manifest(data)
+  sources.check_eval_split(data)
   if data.packing not in PACKINGS:
     raise ValueError(f"data.packing={data.packing!r}; expected one of {PACKINGS}")
   pairs.check_task(data.get("pair_task", "nsp"))

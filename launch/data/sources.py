@@ -154,6 +154,23 @@ def _tfds_documents(name: str, split_name: str, data_dir: str, text_key: str, li
   return [t for _, t in tfds_documents(name, split_name, data_dir, text_key, limit, bad)]
 
 
+def check_eval_split(data) -> None:
+  """A named `data.eval_split` that is (part of) the training data is an error: the
+  held-out numbers would measure text the model trained on."""
+  if not data.eval_split:
+    return
+  if data.source == "tfds" and data.eval_split == data.train_split:
+    raise ValueError(f"data.eval_split={data.eval_split!r} is data.train_split: the "
+                     "held-out set would be trained on; name another split")
+  if data.source == "text" and data.files:
+    shared = sorted(set(expand_globs(data.files)) &
+                    set(expand_globs(data.eval_split, "data.eval_split")))
+    if shared:
+      raise ValueError(f"data.eval_split={data.eval_split!r} and data.files share "
+                       f"{len(shared)} file(s) ({', '.join(shared[:3])}): the held-out set "
+                       "would be trained on; keep the evaluation files out of data.files")
+
+
 def default_split(max_documents: int, fraction: float) -> tuple[list[str], list[str]]:
   """(train, held-out) documents of the default corpus: grouped, then decontaminated."""
   docs = corpus.grouped_documents(max_documents)

@@ -1,7 +1,8 @@
 """Held-out splits: which documents are evaluated on, and keeping training text out of them.
 
 - `random_holdout`: a fixed fraction of the documents, chosen by a fixed seed (independent
-  of `data.shuffle_seed`, so runs with different seeds share one held-out set).
+  of `data.shuffle_seed`, so runs with different seeds share one held-out set); a held-out
+  document that also occurs (exactly) among the training documents is dropped.
 - `grouped_holdout`: the same, but whole groups at a time (for the default corpus: a
   module's reference page and its source, and every module of one package, share a group).
 - `decontaminate`: drops from the held-out documents every paragraph that shares a
@@ -32,11 +33,19 @@ def num_held_out(num_documents: int, fraction: float) -> int:
 
 
 def random_holdout(docs: Sequence[str], fraction: float) -> tuple[list[str], list[str]]:
-  """(train, held-out): `num_held_out` documents chosen by the fixed seed, order kept."""
+  """(train, held-out): `num_held_out` documents chosen by the fixed seed, order kept;
+  held-out copies of a training document are dropped (a duplicated document would
+  otherwise be evaluated on after being trained on)."""
   n_eval = num_held_out(len(docs), fraction)
   is_eval = np.zeros((len(docs),), bool)
   is_eval[np.random.default_rng(EVAL_SPLIT_SEED).permutation(len(docs))[:n_eval]] = True
-  return ([d for d, e in zip(docs, is_eval) if not e], [d for d, e in zip(docs, is_eval) if e])
+  train = [d for d, e in zip(docs, is_eval) if not e]
+  seen = set(train)
+  held_out = [d for d, e in zip(docs, is_eval) if e and d not in seen]
+  if len(held_out) < n_eval:
+    log.info("held-out split: dropped %d of %d documents that also occur in training",
+             n_eval - len(held_out), n_eval)
+  return train, held_out
 
 
 def grouped_holdout(groups: Sequence[str], fraction: float) -> np.ndarray:

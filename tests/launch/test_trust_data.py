@@ -75,6 +75,26 @@ def test_byte_offsets_are_exact_in_crlf_files(tmp_path):
   assert docs == [(0, "one line.\ntwo.")]
 
 
+def test_utf16_file_bom_and_non_string_json_fields(tmp_path):
+  (tmp_path / "u16.txt").write_bytes("some text".encode("utf-16"))
+  (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfa document.\n\nbad \xff")
+  (tmp_path / "n.jsonl").write_text('{"text": 12}\n{"text": ["a", "b"]}\n{"text": "ok."}\n')
+  bad = badinput.BadData()
+  docs = {p.name: list(badinput.stream_text_file(str(p), "blank_line", "text", bad))
+          for p in sorted(tmp_path.iterdir())}
+  assert docs == {"bom.txt": [(3, "a document.")], "n.jsonl": [(34, "ok.")], "u16.txt": []}
+  assert bad.nonzero() == {"non_utf8": 2, "bad_json": 2}
+  with pytest.raises(badinput.BadDataError, match=r"u16\.txt at byte 0.*UTF-16"):
+    list(badinput.stream_text_file(str(tmp_path / "u16.txt"), "blank_line", "text",
+                                   badinput.BadData("error")))
+  with pytest.raises(badinput.BadDataError, match=r"bom\.txt at byte 20"):
+    list(badinput.stream_text_file(str(tmp_path / "bom.txt"), "blank_line", "text",
+                                   badinput.BadData("error")))
+  with pytest.raises(badinput.BadDataError, match=r"n\.jsonl line 1.*JSON int, not a string"):
+    list(badinput.stream_text_file(str(tmp_path / "n.jsonl"), "blank_line", "text",
+                                   badinput.BadData("error")))
+
+
 # ----------------------------------------------------------------------------- binary
 
 
@@ -160,6 +180,23 @@ def test_default_corpus_too_small_for_a_held_out_split_is_an_error(spm_path):
     _pipeline(c)
 
 
+def test_eval_split_that_is_training_data_is_an_error(spm_path, tmp_path):
+  _good_file(tmp_path)
+  c = _text_config(spm_path, tmp_path / "*.txt", eval_split=str(tmp_path / "good.txt"))
+  with pytest.raises(ValueError, match=r"share 1 file.*good\.txt.*would be trained on"):
+    pipeline_lib.validate(c)
+  c = spm_config(spm_path, source="tfds", tfds_name="x", eval_split="train")
+  with pytest.raises(ValueError, match=r"data\.eval_split='train' is data\.train_split"):
+    pipeline_lib.validate(c)
+
+
+def test_duplicated_documents_never_straddle_the_held_out_split():
+  docs = _docs(40) + ["the same boilerplate page."] * 30
+  train, held_out = data.random_holdout(docs, 0.3)
+  assert held_out and not set(train) & set(held_out)
+  assert "the same boilerplate page." in train
+
+
 # ----------------------------------------------------------------------- empty input
 
 
@@ -176,7 +213,7 @@ def test_empty_input_is_an_error_naming_the_file(spm_path, tmp_path):
 
 def test_all_bad_input_is_an_error_even_under_skip(spm_path, tmp_path):
   (tmp_path / "a.bin").write_bytes(bytes(range(256)) * 4)
-  (tmp_path / "b.txt").write_bytes(b"\xff\xfe latin \xe9\n\nmore \xe0 bad")
+  (tmp_path / "b.txt").write_bytes(b"caf\xe9 latin\n\nmore \xe0 bad")
   c = _text_config(spm_path, f"{tmp_path}/a.bin,{tmp_path}/b.txt")
   with pytest.raises(ValueError, match=r"a\.bin, .*b\.txt \(2 non_utf8, 1 binary"):
     _pipeline(c)
@@ -327,6 +364,21 @@ def test_preprocess_refuses_a_users_non_empty_directory(spm_path, tmp_path):
   with pytest.raises(outdir.OutputDirError, match="not a directory"):
     preprocess.preprocess(c, str(mine / "thesis.tex"), workers=1, progress=False)
   assert (mine / "thesis.tex").read_text() == "years of work"
+
+
+def test_preprocess_command_line_refusal_is_one_line(spm_path, tmp_path):
+  import subprocess
+  import sys
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  (mine / "keep.txt").write_text("mine")
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  p = subprocess.run([sys.executable, "-m", "launch.preprocess", "--config",
+                      "configs/bert.py:tiny-mlm", "--out", str(mine), "--workers", "1"],
+                     cwd=root, capture_output=True, text=True, timeout=300)
+  assert p.returncode == 1
+  assert p.stderr.strip().splitlines()[-1].startswith("error: launch.preprocess --out ")
+  assert "Traceback" not in p.stderr and os.listdir(mine) == ["keep.txt"]
 
 
 def test_preprocess_resumes_its_own_output_and_an_earlier_versions(spm_path, tmp_path):
