@@ -5,14 +5,27 @@ checkpoints, metrics writer).
   python -m launch.finetune --config configs/finetune.py:sequence \
       --config.init_from=DIR --workdir /tmp/ft --config.finetune.train_file=train.csv
 
-Per epoch: train on the shuffled rows (seed train.seed + epoch), evaluate on the held-out
-rows (classification: accuracy, macro-F1; tagging: entity F1; QA: EM, F1; regression:
-Pearson, Spearman), write the metrics (metrics.jsonl, the console), checkpoint the state
-(resumable at epoch boundaries), and keep the best epoch's weights as an HF directory
-(`best/`, by `selection_metric`). At the end: `hf/` (the best weights, loadable by
-transformers' task class, with id2label and the checkpoint's tokenizer),
-`predictions.jsonl` (the best epoch's eval predictions), `results.json`, and for
-classification `confusion_matrix.png`.
+Before anything is read or written, `validate` checks the settings (one line naming each
+bad key). The work directory must be new, empty or this project's (its marker file; a work
+directory of an earlier version is recognised); a second run on it is refused while the
+first holds its lock (launch/trainer/lock.py).
+
+Data (launch/data/finetune_data.py): bad rows follow `data.bad_data` ("skip": counted in
+the run summary and on the console; "error": stop naming the file and line); the label
+set is `finetune.labels` or the training rows' labels, and an eval label outside it is an
+error or skipped and counted (`finetune.unknown_eval_labels`).
+
+Per epoch: train on the shuffled rows (seed train.seed * 1000 + epoch), evaluate on the
+held-out rows (classification: accuracy, macro-F1; tagging: entity F1; QA: EM, F1;
+regression: Pearson, Spearman), write the metrics (metrics.jsonl, the console), checkpoint
+the state, and keep the best epoch's weights as an HF directory (`best/`, by
+`selection_metric`). A SIGTERM saves the state with its place in the epoch (epoch, batch;
+also every `checkpoint.every` steps when set), and the same command resumes there with the
+same batches: the run ends as an uninterrupted one would. At the end: `hf/` (the best
+weights, loadable by transformers' task class, with id2label and the checkpoint's
+tokenizer), `predictions.jsonl` (the best epoch's eval predictions), `results.json`, and for
+classification `confusion_matrix.png`. best/ and hf/ are replaced atomically (a temporary
+directory renamed into place), and only when they are this run's own.
 """
 import json
 import logging

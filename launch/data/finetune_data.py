@@ -10,6 +10,8 @@ Readers (`finetune.data_format`):
   tfds    a TFDS dataset (`tfds_name`, `tfds_data_dir` may be gs://): text, pair and
           label features by name (e.g. glue/sst2: sentence, label).
 Splits: the given eval file / split, else a seeded held-out fraction of the train rows.
+Bad rows (see "readers" below) follow data.bad_data; labels are canonical class names from
+the training rows or finetune.labels (see "labels" below).
 
 Encoders (a `tokenizers.Tokenizer`, the checkpoint's own):
   sequence  [CLS] text [SEP] (pair [SEP]) truncated to seq_len; label id or float;
@@ -62,8 +64,8 @@ def load_tokenizer(path: str, lowercase: Optional[bool] = None):
 
 # ---- readers ----------------------------------------------------------------------------
 #
-# Every reader takes a `badinput.BadData` (`data.bad_data`; default: stop at the first bad
-# item) and reports each bad item with its file and line: undecodable bytes (non_utf8), a
+# Every reader takes a `badinput.BadData` (`data.bad_data`; default: data.bad_data's default,
+# "skip", so a direct call reads the rows launch.finetune does) and reports each bad item with its file and line: undecodable bytes (non_utf8), a
 # line longer than data.max_document_bytes (too_long), a JSONL line that does not parse or
 # lacks a field (bad_json), a row without text (empty), and anything else malformed: a
 # ragged CSV/TSV row, a CoNLL line with the wrong number of columns, a SQuAD record with a
@@ -87,8 +89,8 @@ def _located(obj, where: str):
   return obj
 
 
-def _strict() -> badinput.BadData:
-  return badinput.BadData("error")
+def _default() -> badinput.BadData:
+  return badinput.BadData()  # data.bad_data's default ("skip"), as launch.finetune reads
 
 
 def _open_bytes(path: str) -> bytes:
@@ -133,7 +135,7 @@ def read_table(path: str, text: str = "text", pair: str = "", label: str = "labe
                bad: Optional[badinput.BadData] = None) -> List[Row]:
   """Rows {"text", "pair"?, "label"} of a .csv / .tsv / .jsonl file (optionally .gz /
   .bz2); labels as written (`class_labels` / `regression_labels` check them)."""
-  bad = bad or _strict()
+  bad = bad or _default()
   before = dict(bad.counts)
   ext = os.path.splitext(path.removesuffix(".bz2").removesuffix(".gz"))[1].lower()
   if ext not in (".jsonl", ".json", ".csv", ".tsv"):
@@ -221,7 +223,7 @@ def read_conll(path: str, bad: Optional[badinput.BadData] = None) -> List[Senten
   """(words, tags) per sentence. Every token line has the same number of columns (at
   least 2: the token first, the tag last) as the file's first; a sentence with a line
   that does not is bad (corrupt_record) as a whole."""
-  bad = bad or _strict()
+  bad = bad or _default()
   before = dict(bad.counts)
   out, words, tags, first, width, broken = [], [], [], 0, None, False
 
@@ -259,7 +261,7 @@ def read_squad(path: str, bad: Optional[badinput.BadData] = None) -> List[Row]:
   """Examples {"id", "question", "context", "answers": [{"text", "answer_start"}]}; a
   question with a missing field or an answer not at its answer_start is bad (named by
   its place in the file, data[i].paragraphs[j].qas[k], and its id)."""
-  bad = bad or _strict()
+  bad = bad or _default()
   before = dict(bad.counts)
   raw = _open_bytes(path)
   try:
@@ -323,8 +325,15 @@ def read_tfds(name: str, split: str, data_dir: str = "", text: str = "sentence",
   (non_utf8), an empty text too (empty), named by the example's index in the split."""
   import importlib.util
   import tensorflow_datasets as tfds
-  bad = bad or _strict()
+  bad = bad or _default()
   before = dict(bad.counts)
+  where = f"TFDS {name} split {split!r}"
+  try:
+    n = tfds.builder(name, data_dir=data_dir or None).info.splits[split].num_examples
+  except Exception:  # pylint: disable=broad-except  (the reads below name the problem)
+    n = None
+  if n == 0:  # array_record's reader fails on no files with a message naming nothing
+    _need_rows([], where, bad, before)
   if importlib.util.find_spec("tensorflow") is not None:
     examples = tfds.as_numpy(tfds.load(name, split=split, data_dir=data_dir or None))
   else:
@@ -337,7 +346,7 @@ def read_tfds(name: str, split: str, data_dir: str = "", text: str = "sentence",
   rows = []
   cols = (text, label) + ((pair,) if pair else ())
   for i, ex in enumerate(examples):
-    where = f"TFDS {name} split {split!r} example {i}"
+    at = f"{where} example {i}"
     missing = [c for c in cols if c not in ex]
     if missing:
       raise ValueError(f"TFDS {name}: no feature {missing[0]!r} (it has {sorted(ex)}); set "
@@ -348,13 +357,13 @@ def read_tfds(name: str, split: str, data_dir: str = "", text: str = "sentence",
       p = dec(ex[pair]) if pair else None
       y = dec(ex[label])
     except UnicodeDecodeError as e:
-      bad.report("non_utf8", where, f"byte {e.start}: {e.reason}")
+      bad.report("non_utf8", at, f"byte {e.start}: {e.reason}")
       continue
     y = y.item() if hasattr(y, "item") else y
-    row = _table_row(t, y, p, where, bad)
+    row = _table_row(t, y, p, at, bad)
     if row is not None:
       rows.append(row)
-  _need_rows(rows, f"TFDS {name} split {split!r}", bad, before)
+  _need_rows(rows, where, bad, before)
   return rows
 
 
@@ -482,7 +491,7 @@ def class_labels(train, evals, given=(), bad: Optional[badinput.BadData] = None,
   canonical name. A label that names no class is bad input (corrupt_record); a training
   label outside `given` is an error; an eval label outside the set per `unknown`
   (skipped ones counted by label in `skipped`). `names`: the two sources, for messages."""
-  bad = bad or _strict()
+  bad = bad or _default()
   skipped = {} if skipped is None else skipped
   train = _clean_labels(train, names[0], bad)
   evals = _clean_labels(evals, names[1], bad)

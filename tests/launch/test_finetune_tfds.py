@@ -76,3 +76,18 @@ def test_finetune_runs_on_a_tfds_dataset(data_dir, tmp_path):
   assert sorted(p["label"] for p in preds) == sorted(str(i) for i in
                                                     [("neg", "pos").index(r["label"])
                                                      for r in EVAL])
+
+
+def test_read_tfds_names_a_missing_feature_and_an_empty_split(data_dir):
+  with pytest.raises(ValueError, match=r"no feature 'text' \(it has \['label', 'sentence'\]\)"):
+    fd.read_tfds("zoo_tiny_sentiment", "train", data_dir, text="text")
+  with pytest.raises(ValueError, match=r"TFDS zoo_tiny_sentiment split 'train\[:0\]': no "
+                     r"usable rows \(the input is empty\)"):
+    fd.read_tfds("zoo_tiny_sentiment", "train[:0]", data_dir, text="sentence")
+
+
+def test_tfds_labels_are_class_ids_in_numeric_order(data_dir):
+  rows = fd.read_tfds("zoo_tiny_sentiment", "train", data_dir, text="sentence")
+  labels, train, _ = fd.class_labels(rows, rows[:4])
+  assert labels == ("0", "1") and {r["label"] for r in train} == {"0", "1"}
+  assert train[0].where == "TFDS zoo_tiny_sentiment split 'train' example 0"

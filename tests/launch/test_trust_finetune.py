@@ -413,19 +413,26 @@ def reference(tmp_path_factory, bert):
   return d, finetune.run(_resume_config(d, bert, length_buckets="off"), str(d / "ref"))
 
 
-@pytest.mark.parametrize("stop_at,where", [
-    (6, (1, 2)),  # epoch 2, batch 2 of 4
-    (4, (0, 4)),  # the last batch of epoch 1, before its eval
+@pytest.mark.parametrize("stop_at,where,every", [
+    (6, (1, 2), 0),  # epoch 2, batch 2 of 4
+    (4, (0, 4), 0),  # the last batch of epoch 1, before its eval
+    (6, (1, 2), 5),  # a crash at step 6: the checkpoint.every save of step 5 resumes
 ])
 def test_a_stop_mid_epoch_resumes_to_the_uninterrupted_result(tmp_path, bert, reference,
-                                                               stop_at, where):
+                                                               stop_at, where, every):
   ref_dir, ref = reference
   work = str(tmp_path / "cut")
-  c = _resume_config(tmp_path, bert, length_buckets="off")
+  c = _resume_config(tmp_path, bert, length_buckets="off", checkpoint__every=every,
+                     checkpoint__keep=3)
   part = finetune.run(c, work, stop_after=stop_at)
   assert part["stopped"] and (part["epoch"], part["batch"], part["step"]) == where + (
       stop_at,)
   assert not os.path.exists(os.path.join(work, "results.json"))
+  steps = sorted(int(p) for p in os.listdir(os.path.join(work, "checkpoints")) if p.isdigit())
+  assert steps[-1] == stop_at and (5 in steps) == (every == 5)
+  if every:  # as if killed before the stop's save: the periodic mid-epoch one is latest
+    import shutil
+    shutil.rmtree(os.path.join(work, "checkpoints", str(stop_at)))
   done = finetune.run(c, work)
   _same(done, ref)
   assert _hf_files(tmp_path / "cut" / "hf") == _hf_files(ref_dir / "ref" / "hf")
@@ -477,3 +484,36 @@ def test_hf_is_replaced_atomically_on_a_rerun(tmp_path, bert, monkeypatch):
     finetune.run(c, str(work))  # finished: no training, only the exports again
   assert _hf_files(work / "hf") == before and outdir.is_ours(str(work / "hf"))
   assert not [p for p in work.iterdir() if p.name.startswith(".hf.tmp")]
+
+
+@pytest.mark.slow  # two fresh Python + JAX processes (~60 s under load)
+def test_sigterm_to_the_finetune_command_saves_and_the_same_command_resumes(tmp_path, bert):
+  import subprocess
+  import sys
+  import time
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  work = tmp_path / "run"
+  cmd = [sys.executable, "-m", "launch.finetune", "--config", "configs/finetune.py:sequence",
+         f"--config.init_from={bert}", f"--workdir={work}",
+         f"--config.finetune.train_file={_rows_csv(tmp_path / 't.csv', 40, 5)}",
+         "--config.finetune.epochs=12", "--config.finetune.length_buckets=off",
+         "--config.data.seq_len=24", "--config.data.global_batch=8",
+         "--config.train.log_every=1"]
+  env = dict(os.environ, PYTHONPATH=root)
+  proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  metrics = work / "metrics.jsonl"
+  deadline = time.time() + 300
+  while time.time() < deadline and proc.poll() is None and not (
+      metrics.is_file() and '"split": "train"' in metrics.read_text()):
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=300)
+  assert proc.returncode == 0, out[-3000:]
+  assert "stopped at epoch" in out and "run the same command to resume" in out, out[-3000:]
+  assert not (work / "results.json").exists()
+  done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  assert "resuming at epoch" in done.stdout + done.stderr
+  result = json.loads((work / "results.json").read_text())
+  assert [h["epoch"] for h in result["history"]] == list(range(1, 13))
