@@ -18,14 +18,65 @@ lowered into the one artifact where this machine's JAX can lower for it (TPU and
 lowering need no accelerator); the ones that could not be lowered are recorded with the
 reason. `FILE.json` beside the artifact records the platforms, shapes, outputs and the
 model settings.
+
+`--out` is never a file this command did not write: it may be absent, or an earlier
+artifact of launch.export (recognised by its FILE.json, which names this writer). Anything
+else is refused before the model is loaded. Both files are written to temporary files
+beside them and renamed into place, so a crash leaves the earlier artifact whole.
 """
 import argparse
 import json
 import os
 import sys
+import tempfile
 from typing import Optional, Sequence
 
 DEFAULT_PLATFORMS = ("cpu", "cuda", "tpu")
+WRITER = "launch.export"  # named in the FILE.json of every artifact written here
+
+
+def _ours(out: str) -> bool:
+  """Whether `out` (and `out`.json) are an artifact of launch.export: its metadata names
+  this writer, or (written before it did) this very artifact and a jax.export version."""
+  try:
+    with open(out + ".json") as f:
+      meta = json.load(f)
+  except (OSError, ValueError):
+    return False
+  if not isinstance(meta, dict):
+    return False
+  return meta.get("writer") == WRITER or (
+      "writer" not in meta and meta.get("artifact") == os.path.abspath(out)
+      and "calling_convention_version" in meta)
+
+
+def check_out(out: str):
+  """Raises OutputDirError (a ValueError) unless `out` and `out`.json may be written."""
+  from encoders.outdir import OutputDirError
+  for p in (out, out + ".json"):
+    if os.path.islink(p) or os.path.isdir(p):
+      raise OutputDirError(f"--out {p} is a directory or a link; give a new file path for "
+                           "the artifact")
+  if (os.path.lexists(out) or os.path.lexists(out + ".json")) and not _ours(out):
+    raise OutputDirError(f"--out {out} (or {out}.json) exists and is not an artifact "
+                         "launch.export wrote; refusing to overwrite it: choose a new path")
+
+
+def _write_atomically(path: str, data: bytes):
+  """`data` to a temporary file beside `path`, then renamed over it (umask's modes)."""
+  directory = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=directory)
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o666 & ~mask)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
 
 
 def _dim(value: str, name: str):
@@ -63,6 +114,7 @@ def export(path: str, out: str, batch="dynamic", seq="dynamic",
   unknown = sorted(set(requested) - set(DEFAULT_PLATFORMS + ("rocm",)))
   if unknown or not requested:
     raise ValueError(f"--platforms: unknown {unknown}; choose from cpu, cuda, rocm, tpu")
+  check_out(out)  # before any work
   overrides = {"dtype": dtype} if dtype else {}
   model, params = encoders.from_hf(path, heads, **overrides)
   params = jax.device_get(params)
@@ -90,11 +142,9 @@ def export(path: str, out: str, batch="dynamic", seq="dynamic",
   exported = jax.export.export(fn, platforms=lowered)(spec, spec, spec)
   blob = exported.serialize()
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  with open(out, "wb") as f:
-    f.write(blob)
   cfg = model.config
   meta = {
-      "source": os.path.abspath(path), "artifact": os.path.abspath(out),
+      "writer": WRITER, "source": os.path.abspath(path), "artifact": os.path.abspath(out),
       "bytes": len(blob), "platforms": list(exported.platforms),
       "platforms_failed": failed,
       "inputs": {k: {"shape": [str(d) for d in shape], "dtype": "int32"}
@@ -109,8 +159,10 @@ def export(path: str, out: str, batch="dynamic", seq="dynamic",
           exported.calling_convention_version,
   }
   meta["model"]["heads"] = list(meta["model"]["heads"] or ())
-  with open(out + ".json", "w") as f:
-    json.dump(meta, f, indent=1)
+  info = json.dumps(meta, indent=1).encode()
+  check_out(out)  # nothing of the user's appeared meanwhile
+  _write_atomically(out, bytes(blob))
+  _write_atomically(out + ".json", info)
   return meta
 
 

@@ -271,19 +271,34 @@ def to_hf(model, params, path: str, architecture: Optional[str] = None):
 
 
 # The writer named in the marker file (encoders/outdir.py) of every HF directory to_hf
-# writes, and the writers whose directories an HF export may replace: only such model
-# directories, never another writer's (a run's work directory, shards) or a user's.
+# writes, and the writers whose directories an HF export may replace. A directory another
+# writer of this project marked is replaced only when it is a model directory (an export
+# the trainer or fine-tuning marked as theirs); never a work directory, shards, or a
+# user's directory.
 HF_EXPORT = "HF export"
 REPLACEABLE = (HF_EXPORT, "launch.convert")
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "params")
+
+
+def is_model_dir(path: str) -> bool:
+  """config.json plus weights (safetensors, or launch.convert's Orbax params/), and no
+  checkpoints/ (a work directory is never a model directory)."""
+  return (os.path.isfile(os.path.join(path, "config.json"))
+          and any(os.path.exists(os.path.join(path, n)) for n in _WEIGHTS)
+          and not os.path.exists(os.path.join(path, "checkpoints")))
 
 
 def check_export_target(path: str, what: str = HF_EXPORT, writers=REPLACEABLE) -> None:
   """Raises outdir.OutputDirError unless `path` is absent, an empty directory, or an earlier
-  output of one of `writers` (recognised by its marker file). A directory without the
-  marker is never replaced, whatever it holds: an export written before markers existed
-  must be removed by hand (it cannot be told from a user's save_pretrained directory)."""
+  export: marked (encoders/outdir.py) by one of `writers`, or by another writer of this
+  project when it is a model directory (`is_model_dir`). A directory without the marker
+  is never replaced, whatever it holds: an export written before markers existed must be
+  removed by hand (it cannot be told from a user's save_pretrained directory)."""
   outdir.check_target(path, what)
-  if outdir.is_ours(path) and outdir.writer_of(path) not in writers:
+  if not outdir.is_ours(path):
+    return
+  if os.path.exists(os.path.join(path, "checkpoints")) or not (
+      outdir.writer_of(path) in writers or is_model_dir(path)):
     raise outdir.OutputDirError(
         f"{what} {path} is this project's {outdir.writer_of(path) or 'unnamed'!r} output, "
         "not a model directory an export may replace; refusing to touch it: choose a new "

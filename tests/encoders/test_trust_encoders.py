@@ -426,3 +426,21 @@ def test_task_to_hf_refuses_a_user_directory(tmp_path):
   tasks_hf.to_hf(model, params, str(tmp_path / "task"))  # then over its own export
   tasks_hf.to_hf(model, params, str(tmp_path / "task"))
   assert tasks_hf.from_hf(str(tmp_path / "task"))[0].labels == ("neg", "pos")
+
+
+def test_to_hf_replaces_an_export_another_writer_marked_but_not_its_work_directory(
+    tmp_path, tiny_bert):
+  # the trainer / fine-tuning mark exports of earlier versions as theirs (their writer)
+  model, params = tiny_bert
+  H.tiny_hf_model("BertForMaskedLM").save_pretrained(tmp_path / "run" / "hf")
+  outdir.write_marker(str(tmp_path / "run" / "hf"), "launch.pretrain export")
+  encoders.to_hf(model, params, str(tmp_path / "run" / "hf"))
+  assert outdir.writer_of(str(tmp_path / "run" / "hf")) == "HF export"
+  # a work directory with an export's files at its top is still not replaced
+  outdir.write_marker(str(tmp_path / "run"), "launch.finetune")
+  for name in ("config.json", "model.safetensors"):
+    (tmp_path / "run" / name).write_text("{}")
+  (tmp_path / "run" / "checkpoints").mkdir()
+  with pytest.raises(outdir.OutputDirError, match="not a model directory"):
+    encoders.to_hf(model, params, str(tmp_path / "run"))
+  assert (tmp_path / "run" / "checkpoints").is_dir()

@@ -95,3 +95,43 @@ def test_fixed_shapes_and_bad_arguments(tmp_path):
   with pytest.raises(ValueError, match="unknown \\['metal'\\]"):
     export_lib.export(path, str(tmp_path / "x"), platforms=["metal"])
   assert export_lib.main(["--from", path, "--out", str(tmp_path / "x"), "--seq", "0"]) == 2
+
+
+def test_out_that_is_not_our_artifact_is_refused_before_loading(tmp_path):
+  from encoders.outdir import OutputDirError
+  user = tmp_path / "model.jaxexport"
+  user.write_text("my file")
+  missing = str(tmp_path / "no_such_model")  # never read: the check comes first
+  with pytest.raises(OutputDirError, match="exists and is not an artifact launch.export wrote"):
+    export_lib.export(missing, str(user), platforms=["cpu"])
+  assert user.read_text() == "my file"
+  side = tmp_path / "b.jaxexport.json"
+  side.write_text('{"mine": 1}')  # the metadata path is someone else's file
+  with pytest.raises(OutputDirError):
+    export_lib.export(missing, str(tmp_path / "b.jaxexport"), platforms=["cpu"])
+  assert side.read_text() == '{"mine": 1}'
+  (tmp_path / "dir").mkdir()
+  assert export_lib.main(["--from", missing, "--out", str(tmp_path / "dir")]) == 2
+  assert sorted(os.listdir(tmp_path)) == ["b.jaxexport.json", "dir", "model.jaxexport"]
+
+
+def test_export_replaces_its_own_artifact_and_a_crash_keeps_the_old_one(tmp_path,
+                                                                         monkeypatch):
+  path = F.tiny_dir("bert")
+  out = str(tmp_path / "m.jaxexport")
+  meta = export_lib.export(path, out, batch="2", seq="8", platforms=["cpu"])
+  assert meta["writer"] == "launch.export"
+  export_lib.export(path, out, batch="2", seq="4", platforms=["cpu"])  # replaced
+  with open(out + ".json") as f:
+    assert json.load(f)["inputs"]["input_ids"]["shape"] == ["2", "4"]
+  before = open(out, "rb").read(), open(out + ".json", "rb").read()
+
+  def crash(*args, **kwargs):
+    raise OSError("No space left on device")
+  for target, name in ((export_lib.json, "dumps"), (export_lib.os, "replace")):
+    with monkeypatch.context() as m:  # the metadata fails / the rename fails
+      m.setattr(target, name, crash)
+      with pytest.raises(OSError, match="No space"):
+        export_lib.export(path, out, batch="2", seq="8", platforms=["cpu"])
+    assert (open(out, "rb").read(), open(out + ".json", "rb").read()) == before
+    assert sorted(os.listdir(tmp_path)) == ["m.jaxexport", "m.jaxexport.json"]
