@@ -137,18 +137,26 @@ def read(workdir: str) -> Optional[Dict]:
 
 def legacy(workdir: str) -> Optional[Dict[str, Any]]:
   """The fingerprint of a work directory from before this file existed, rebuilt from its
-  config.json (None when there is none). Its model section was sized to the tokenizer
-  (and, with init_from, taken from that directory): those keys are left out."""
+  config.json (None when there is none). That file holds the config after the
+  objective's changes: the model sized to the tokenizer, and with `init_from` the model
+  and tokenizer from that directory, with a distillation teacher its tokenizer and
+  architecture. Those keys are left out."""
   try:
     with open(os.path.join(workdir, "config.json")) as f:
       saved = json.load(f)
   except (OSError, ValueError):
     return None
+  if not isinstance(saved, dict):
+    return None
   fp = fingerprint(saved)
+  prefixes = []
+  if saved.get("init_from"):
+    prefixes += ["model.", "tokenizer."]
+  if (saved.get("objective") or {}).get("teacher"):
+    prefixes += ["tokenizer.", "objective.teacher_model"]
   skip = ("model.vocab_size", "model.pad_token_id")
-  init = saved.get("init_from") or ""
-  return {k: v for k, v in fp.items() if k not in skip and not (
-      init and (k.startswith("model.") or k.startswith("tokenizer.")))}
+  return {k: v for k, v in fp.items()
+          if k not in skip and not any(k.startswith(p) for p in prefixes)}
 
 
 def write(workdir: str, fp: Dict[str, Any], accepted: Dict = None) -> None:

@@ -148,6 +148,15 @@ def test_resume_with_another_architecture_is_refused_and_changes_nothing(partial
   assert _snapshot(partial_run) == before
 
 
+def test_refused_size_change_leaves_config_json_alone(partial_run):
+  before = _snapshot(partial_run)
+  c = _partial_config(model__hidden_size=32, model__intermediate_size=64)
+  with pytest.raises(cli.ConfigError, match=r"model.hidden_size: 64 -> 32; "
+                     r"model.intermediate_size: 128 -> 64\. Use a new --workdir"):
+    train.train_and_evaluate(c, partial_run, _devices(1))
+  assert _snapshot(partial_run) == before  # config.json included
+
+
 def test_longer_steps_and_allowed_changes_pass_the_resume_check(partial_run):
   assert loop.resume_check(_partial_config(train__steps=50), partial_run,
                            fp_lib.fingerprint(_partial_config(train__steps=50))) == {}
