@@ -89,14 +89,48 @@ def claim_out(out: str) -> str:
   return out
 
 
+def _content_hash(text: str) -> int:
+  return int.from_bytes(hashlib.sha256(text.encode("utf-8", "replace")).digest()[:8],
+                        "little")
+
+
 def _holdout(text: str, fraction: float) -> bool:
   """A fixed, content-based held-out choice (streaming: no document list needed)."""
-  h = int.from_bytes(hashlib.sha256(text.encode("utf-8", "replace")).digest()[:8], "little")
-  return h / 2**64 < fraction
+  return _content_hash(text) / 2**64 < fraction
 
 
 def stream_documents(data, bad: badinput.BadData) -> Iterator[tuple[str, str, str]]:
-  """(split "train"|"eval", where, text) for every document of the config's source."""
+  """(split "train"|"eval", where, text) for every document of the config's source.
+
+  With a named `data.eval_split`, held-out documents that are also training documents
+  are dropped (8 bytes of hash kept per training document to find them)."""
+  if not data.eval_split or data.source == "default":
+    yield from _stream_documents(data, bad)
+    return
+  from array import array  # pylint: disable=g-import-not-at-top
+  hashes, seen, dropped, held = array("Q"), None, 0, 0
+  for split_name, where, text in _stream_documents(data, bad):
+    if split_name == "train":
+      hashes.append(_content_hash(text))
+    else:
+      if seen is None:  # the training documents come first: all are hashed by now
+        seen = np.sort(np.frombuffer(hashes, np.uint64)) if hashes else np.zeros(
+            (0,), np.uint64)
+      h = np.uint64(_content_hash(text))
+      held += 1
+      at = int(np.searchsorted(seen, h))
+      if at < len(seen) and seen[at] == h:
+        dropped += 1
+        continue
+    yield split_name, where, text
+  if dropped:
+    import logging  # pylint: disable=g-import-not-at-top
+    logging.getLogger(__name__).warning(
+        "held-out split: dropped %d of %d documents of data.eval_split that also occur in "
+        "the training documents", dropped, held)
+
+
+def _stream_documents(data, bad: badinput.BadData) -> Iterator[tuple[str, str, str]]:
   source, limit = data.source, int(data.max_documents)
   fraction = float(data.eval_fraction)
   if source == "default":
@@ -110,6 +144,8 @@ def stream_documents(data, bad: badinput.BadData) -> Iterator[tuple[str, str, st
     mode = data.get("text_document", "blank_line")
     n = 0
     for path in sources.expand_globs(data.files):
+      if 0 <= limit <= n:
+        break
       for offset, text in badinput.stream_text_file(path, mode, data.text_key, bad):
         if 0 <= limit <= n:
           break

@@ -21,6 +21,8 @@
 For `text` and `tfds`, the evaluation documents are the named `data.eval_split`,
 otherwise a fixed fraction (`data.eval_fraction`) of the documents chosen by a fixed seed
 (independent of `shuffle_seed`, so runs with different seeds share one held-out set).
+Either way a held-out document that is also a training document is dropped, and a named
+split that is (part of) the training data is an error (`check_eval_split`).
 
 Bad input (`data.bad_data`, `data.max_document_bytes`, `data.min_printable_ratio`; see
 `launch.data.badinput`) is skipped and counted, or stops the run naming the file and the
@@ -202,8 +204,8 @@ def load_documents(data, bad: badinput.BadData | None = None
       raise badinput.no_documents_error(f"data.files={data.files!r}",
                                         expand_globs(data.files), bad)
     if data.eval_split:
-      return train, _text_documents(data.eval_split, mode, data.text_key,
-                                    EVAL_MAX_DOCUMENTS, "data.eval_split", bad)
+      return train, split.drop_training_copies(train, _text_documents(
+          data.eval_split, mode, data.text_key, EVAL_MAX_DOCUMENTS, "data.eval_split", bad))
     return split.random_holdout(train, fraction)
   if source == "tfds":
     train = _tfds_documents(data.tfds_name, data.train_split, data.tfds_data_dir,
@@ -213,8 +215,8 @@ def load_documents(data, bad: badinput.BadData | None = None
                                         [f"TFDS {data.tfds_name}/{data.train_split}"], bad)
     if data.eval_split:
       cap = EVAL_MAX_DOCUMENTS if limit < 0 else min(limit, EVAL_MAX_DOCUMENTS)
-      return train, _tfds_documents(data.tfds_name, data.eval_split, data.tfds_data_dir,
-                                    data.text_key, cap, bad)
+      return train, split.drop_training_copies(train, _tfds_documents(
+          data.tfds_name, data.eval_split, data.tfds_data_dir, data.text_key, cap, bad))
     return split.random_holdout(train, fraction)
   if source == "arrayrecord":
     raise ValueError("data.source='arrayrecord' holds pretokenized rows, not documents "

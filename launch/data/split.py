@@ -32,6 +32,16 @@ def num_held_out(num_documents: int, fraction: float) -> int:
   return min(num_documents - 1, max(1, int(round(fraction * num_documents))))
 
 
+def drop_training_copies(train: Sequence[str], held_out: Sequence[str]) -> list[str]:
+  """`held_out` without the documents that also occur (exactly) in `train` (warned)."""
+  seen = set(train)
+  kept = [d for d in held_out if d not in seen]
+  if len(kept) < len(held_out):
+    log.warning("held-out split: dropped %d of %d documents that also occur in the "
+                "training documents", len(held_out) - len(kept), len(held_out))
+  return kept
+
+
 def random_holdout(docs: Sequence[str], fraction: float) -> tuple[list[str], list[str]]:
   """(train, held-out): `num_held_out` documents chosen by the fixed seed, order kept;
   held-out copies of a training document are dropped (a duplicated document would

@@ -197,6 +197,18 @@ def test_duplicated_documents_never_straddle_the_held_out_split():
   assert "the same boilerplate page." in train
 
 
+def test_named_eval_split_copies_of_training_documents_are_dropped(spm_path, tmp_path):
+  docs = _docs(20)
+  (tmp_path / "train.txt").write_text("\n\n".join(docs))
+  (tmp_path / "eval.txt").write_text("\n\n".join(docs[:3] + ["a document only here."]))
+  c = _text_config(spm_path, tmp_path / "train.txt", eval_split=str(tmp_path / "eval.txt"))
+  train, held_out = data.load_documents(c.data)
+  assert held_out == ["a document only here."] and len(train) == 20
+  streamed = list(preprocess.stream_documents(c.data, badinput.BadData()))
+  assert [t for s, _, t in streamed if s == "eval"] == ["a document only here."]
+  assert [t for s, _, t in streamed if s == "train"] == train
+
+
 # ----------------------------------------------------------------------- empty input
 
 
