@@ -544,3 +544,57 @@ def test_arrayrecord_training_end_to_end_resumes_bitwise(tmp_path):
   assert wa.keys() == wb.keys()
   for k in wa:
     np.testing.assert_array_equal(wa[k], wb[k], err_msg=k)
+
+
+# ------------------------------------------------------------- a real TFDS dataset
+
+
+def _bad_tfds(data_dir):
+  """A TFDS dataset (array_record files) whose train split holds 30 good documents, one
+  non-UTF-8, one with a NUL byte, one empty, and one record whose bytes are damaged on
+  disk (a Riegeli chunk hash mismatch on read)."""
+  import glob
+  import tensorflow_datasets as tfds
+
+  class ZooBadText(tfds.core.GeneratorBasedBuilder):
+    __module__ = "zoo_bad_text"  # no package resources to look up (see test_data.py)
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+          {"text": tfds.features.Text()}))
+
+    def _split_generators(self, dl_manager):
+      del dl_manager
+      return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+      rows = [d.encode() for d in _docs(30)] + [b"caf\xe9 au lait", b"x\x00y", b"",
+                                                 b"DAMAGED-RECORD " * 4]
+      for i, r in enumerate(rows):
+        yield i, {"text": r}
+
+  builder = ZooBadText(data_dir=data_dir, file_format="array_record")
+  builder.download_and_prepare()
+  (shard,) = glob.glob(f"{data_dir}/{builder.name}/1.0.0/*.array_record*")
+  raw = bytearray(open(shard, "rb").read())
+  at = raw.find(b"DAMAGED-RECORD")
+  assert at > 0
+  raw[at + 3] ^= 0xFF
+  with open(shard, "wb") as f:
+    f.write(raw)
+  return builder.name
+
+
+def test_real_tfds_bad_records_are_counted_or_named(spm_path, tmp_path):
+  name = _bad_tfds(str(tmp_path))
+  c = spm_config(spm_path, source="tfds", tfds_name=name, tfds_data_dir=str(tmp_path),
+                 max_documents=-1, eval_fraction=0.1)
+  bad = badinput.BadData()
+  train, held_out = data.load_documents(c.data, bad)
+  assert len(train) + len(held_out) == 30
+  assert not any("\ufffd" in d or "\x00" in d for d in train + held_out)
+  assert bad.nonzero() == {"non_utf8": 1, "binary": 1, "empty": 1, "corrupt_record": 1}
+  c.data.bad_data = "error"
+  with pytest.raises(badinput.BadDataError, match=rf"TFDS {name}/train record \d+"):
+    data.load_documents(c.data)
