@@ -126,6 +126,9 @@ def refuse_unknown(hf: dict, consumed: Sequence[str], required: Dict[str, object
   """Errors on config attributes we would otherwise silently ignore.
 
   `consumed`: keys the family reads; `required`: key -> the only value we implement."""
+  if hf.get("pruned_heads"):  # transformers would drop those heads: other numbers
+    raise ValueError(f"config.json sets pruned_heads={hf['pruned_heads']!r}; encoder-zoo "
+                     "does not support pruned attention heads")
   for key, want in required.items():
     if key in hf and hf[key] != want and not (want is None and hf[key] in (None, False)):
       raise ValueError(f"config.json sets {key}={hf[key]!r}; encoder-zoo supports only "

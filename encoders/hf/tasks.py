@@ -110,6 +110,12 @@ def from_hf(path: str, *, allow_nonfinite: bool = False, **overrides):
   for key, value in overrides.items():
     cfg[key] = value
   task, th = _find_task(mapping, cfg, archs[0])
+  problem = hf.get("problem_type")
+  if task == "sequence" and problem not in (None, "single_label_classification",
+                                            "regression"):
+    raise ValueError(f"{path}: config.json sets problem_type={problem!r}; encoder-zoo's "
+                     "sequence task is single-label classification (softmax) or regression, "
+                     "so its probabilities and loss would be wrong for this model")
   labels = labels_from_hf(hf) if task != "qa" else ()
   num_labels = len(labels) or int(hf.get("num_labels", 2))
   model = tasks.build(cfg, task, num_labels=num_labels, labels=labels)

@@ -444,3 +444,33 @@ def test_to_hf_replaces_an_export_another_writer_marked_but_not_its_work_directo
   with pytest.raises(outdir.OutputDirError, match="not a model directory"):
     encoders.to_hf(model, params, str(tmp_path / "run"))
   assert (tmp_path / "run" / "checkpoints").is_dir()
+
+
+# ---- config.json settings that would change the numbers ------------------------------------
+
+def test_pruned_heads_are_refused(bert_dir):
+  cfg = json.loads((bert_dir / "config.json").read_text())
+  cfg["pruned_heads"] = {"0": [1]}
+  (bert_dir / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(ValueError, match="pruned_heads"):
+    encoders.from_hf(str(bert_dir))
+
+
+def test_multi_label_classifier_is_refused(tmp_path):
+  import transformers as T
+  T.BertForSequenceClassification(T.BertConfig(
+      **H.TINY, num_labels=3, problem_type="multi_label_classification")).save_pretrained(
+          tmp_path / "ml")
+  with pytest.raises(ValueError, match="problem_type='multi_label_classification'"):
+    tasks_hf.from_hf(str(tmp_path / "ml"))
+
+
+@pytest.mark.parametrize("key,value", [("position_embedding_type", "relative_key_query"),
+                                       ("is_decoder", True), ("tie_word_embeddings", False),
+                                       ("add_cross_attention", True)])
+def test_config_settings_that_change_the_computation_are_refused(bert_dir, key, value):
+  cfg = json.loads((bert_dir / "config.json").read_text())
+  cfg[key] = value
+  (bert_dir / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(ValueError, match=key):
+    encoders.from_hf(str(bert_dir))
