@@ -93,6 +93,9 @@ def base_config():
   # skip | error. skip drops it with a counted warning; error stops, naming file and offset.
   c.data.bad_data = "skip"
   c.data.max_document_bytes = 8_000_000  # longer documents (e.g. one 50 MB line) are bad
+  # A file (or record) whose decoded text has a smaller fraction of printable characters
+  # is binary, hence bad (launch/data/badinput.py).
+  c.data.min_printable_ratio = 0.9
 
   c.tokenizer = ml_collections.ConfigDict()
   c.tokenizer.kind = "sentencepiece_train"  # sentencepiece_train | sentencepiece | hf

@@ -184,6 +184,24 @@ def test_allowed_change_resumes_and_is_recorded(partial_run, tmp_path):
   assert record["changes"][-1]["changed"] == {"model.hidden_act": ["gelu", "relu"]}
   with open(os.path.join(wd, "config.json")) as f:
     assert json.load(f)["model"]["hidden_act"] == "relu"
+  summary = [r for r in metrics_lib.read(wd) if r.get("split") == "summary"][-1]
+  assert summary["step"] == 5 and summary["skipped_steps"] == 0
+  assert summary["bad_data_skipped"] == 0 and "data" in summary
+
+
+def test_cli_refuses_a_users_directory_in_one_line_with_exit_2(tmp_path):
+  wd = tmp_path / "mine"
+  wd.mkdir()
+  (wd / "results.csv").write_text("a,b")
+  proc = subprocess.run(
+      [sys.executable, "-m", "launch.pretrain", "--config", "configs/bert.py:tiny",
+       "--workdir", str(wd), "--config.train.steps=2"],
+      check=False, capture_output=True, text=True, cwd=REPO)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  err = proc.stderr.strip().splitlines()[-1]
+  assert err.startswith(f"error: work directory {wd} is a non-empty directory this project "
+                        "did not write"), proc.stderr[-2000:]
+  assert sorted(os.listdir(wd)) == ["results.csv"]
 
 
 def test_allow_config_change_with_an_unknown_key_is_refused(tmp_path):
