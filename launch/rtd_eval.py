@@ -20,6 +20,10 @@ def report(workdir: str, devices=None) -> dict:
   from launch.trainer import sharding as shard_lib
   from objectives import rtd
 
+  for need in ("config.json", "checkpoints"):  # before anything reads or caches data
+    if not os.path.exists(os.path.join(workdir, need)):
+      raise ValueError(f"{workdir} is not a training work directory (no {need}); give an "
+                       "rtd run's --workdir")
   with open(os.path.join(workdir, "config.json")) as f:
     config = ml_collections.ConfigDict(json.load(f))
   config.mesh.shape = tuple(config.mesh.shape)
@@ -59,8 +63,15 @@ def report(workdir: str, devices=None) -> dict:
 
 def main(argv):
   del argv
+  import sys
   from absl import flags
-  print(json.dumps(report(flags.FLAGS.workdir), indent=2))
+  try:
+    out = report(flags.FLAGS.workdir)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(json.dumps(out, indent=2))
+  return 0
 
 
 if __name__ == "__main__":

@@ -202,3 +202,11 @@ def test_convert_replaces_its_own_earlier_output_atomically(tmp_path, monkeypatc
   for k in before:
     np.testing.assert_array_equal(before[k], after[k])
   assert sorted(os.listdir(tmp_path)) == ["back", "orbax"]
+
+
+def test_rtd_eval_refuses_a_directory_that_is_not_a_run(tmp_path):
+  from launch import rtd_eval
+  (tmp_path / "notes.txt").write_text("x")
+  with pytest.raises(ValueError, match=r"not a training work directory \(no config.json\)"):
+    rtd_eval.report(str(tmp_path))
+  assert os.listdir(tmp_path) == ["notes.txt"]  # nothing cached into it
