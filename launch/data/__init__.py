@@ -3,7 +3,9 @@
 One module per stage:
 - `sources`: where documents come from (`data.source`: default | text | tfds) and the
   held-out documents; `split`: held-out splits and their decontamination; `corpus`: the
-  embedded default corpus.
+  embedded default corpus; `badinput`: the bad-input policy (`data.bad_data`) every
+  reader applies; `arrayrecord`: `data.source="arrayrecord"`, the pretokenized shards of
+  `launch.preprocess`.
 - `tokenization`: the tokenizers; `tokenized`: documents as token ids, and the cache.
 - `packing`: the row format and document packing (`data.packing="documents"`); pairs
   (`data.packing="pairs"`, `data.pair_task` nsp | sop) are built by `objectives.pairs`.
@@ -25,7 +27,7 @@ from launch.data import tokenization
 from launch.data.packing import DocumentRows, PAD_LABEL, finish_row, pack_documents, padding_row
 from launch.data.pipeline import (CACHE_VERSION, PACKINGS, Batch, Pipeline, TrainIterator,
                                   iterator_state, make_pipeline, restore_iterator, validate)
-from launch.data.sources import (SOURCES, TEXT_DOCUMENT_MODES, default_split, expand_globs,
-                                 load_documents)
+from launch.data.sources import (DOCUMENT_SOURCES, SOURCES, TEXT_DOCUMENT_MODES,
+                                 default_split, expand_globs, load_documents)
 from launch.data.split import EVAL_SPLIT_SEED, decontaminate, grouped_holdout, random_holdout
 from launch.data.tokenized import MAX_UNIT_CHARS, TokenizedDocuments, tokenize_documents

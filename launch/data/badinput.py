@@ -6,9 +6,9 @@
   preprocessing manifest and the run's data stats).
 - "error": the first bad item raises a `BadDataError` naming the kind, file and offset.
 
-Kinds: `non_utf8` (a document whose bytes are not valid UTF-8), `binary` (a file or
-document that is not text: a NUL byte, or fewer than `data.min_printable_ratio` of the
-decodable characters of its first `BINARY_SAMPLE` bytes printable or white space),
+Kinds: `non_utf8` (a document whose bytes are not valid UTF-8, a UTF-16 file), `binary`
+(a file or document that is not text: a NUL byte, or fewer than `data.min_printable_ratio`
+of the decodable characters of its first `BINARY_SAMPLE` bytes printable or white space),
 `empty` (a file that holds no document at all, a document with no text: an empty file in
 `text_document="file"` mode, a JSONL record or TFDS record with an empty text field),
 `too_long` (a document longer than `data.max_document_bytes` bytes, e.g. one 50 MB
@@ -193,9 +193,6 @@ def check_document(raw: bytes, where: str, offset: int, bad: BadData) -> str | N
   return text
 
 
-_check = check_document  # the earlier name
-
-
 def stream_text_file(path: str, mode: str, text_key: str, bad: BadData
                      ) -> Iterator[tuple[int, str]]:
   """(byte offset, document text) of one file, in order; bad documents per `bad`.
@@ -237,7 +234,7 @@ def _stream_text_file(path: str, mode: str, text_key: str, bad: BadData
       start, offset = offset, offset + len(line) + 1
       if not line.strip():
         continue
-      text = _check(line, path, start, bad)
+      text = check_document(line, path, start, bad)
       if text is None:
         continue
       try:
@@ -264,7 +261,7 @@ def _stream_text_file(path: str, mode: str, text_key: str, bad: BadData
       yield start, doc
     return
   if mode == "file":
-    text = _check(data[bom:], path, bom, bad)
+    text = check_document(data[bom:], path, bom, bad)
     if text is not None:
       if text.strip():
         yield 0, text.strip()
@@ -276,7 +273,7 @@ def _stream_text_file(path: str, mode: str, text_key: str, bad: BadData
     end = m.start() if m is not None else len(data)
     raw = data[start:end]
     if raw.strip():
-      text = _check(raw, path, start, bad)
+      text = check_document(raw, path, start, bad)
       if text is not None and text.strip():
         yield start, text.strip().replace("\r\n", "\n")
     if m is not None:
