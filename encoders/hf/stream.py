@@ -333,11 +333,12 @@ def _check_tied(tensors, tied, source, path):
   same = a == b
   for r in range(0, a[0] if (same and a) else 0, _TIE_BLOCK):
     rows = (slice(r, min(r + _TIE_BLOCK, a[0])),)
-    if not np.array_equal(tensors.read(tied, rows), tensors.read(source, rows)):
+    if not np.array_equal(tensors.read(tied, rows), tensors.read(source, rows),
+                          equal_nan=True):  # NaN only gets here with allow_nonfinite
       same = False
       break
   if same and not a:
-    same = np.array_equal(tensors.read(tied), tensors.read(source))
+    same = np.array_equal(tensors.read(tied), tensors.read(source), equal_nan=True)
   if not same:
     raise ValueError(f"{path}: {tied!r} differs from {source!r}; encoder-zoo ties them "
                      "and does not support untied weights")

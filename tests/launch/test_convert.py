@@ -210,3 +210,25 @@ def test_rtd_eval_refuses_a_directory_that_is_not_a_run(tmp_path):
   with pytest.raises(ValueError, match=r"not a training work directory \(no config.json\)"):
     rtd_eval.report(str(tmp_path))
   assert os.listdir(tmp_path) == ["notes.txt"]  # nothing cached into it
+
+
+def test_a_converted_directory_with_nonfinite_params_is_refused(tmp_path):
+  import orbax.checkpoint as ocp
+  src = F.tiny_dir("bert")
+  orbax_dir = str(tmp_path / "orbax")
+  convert.hf_to_orbax(src, orbax_dir)
+  _, params = encoders.from_hf(src, scan_layers=False, vocab_pad_multiple=1)
+  params = jax.tree.map(np.array, jax.device_get(params))
+  params["encoder"]["layer_0"]["mlp"]["wi"]["bias"][3] = np.inf
+  item = os.path.join(orbax_dir, "params")
+  shutil.rmtree(item)
+  with ocp.StandardCheckpointer() as ckpt:
+    ckpt.save(item, params)
+    ckpt.wait_until_finished()
+  with pytest.raises(ValueError, match=r"orbax/params: param 'encoder/layer_0/mlp/wi/bias' "
+                                       "holds non-finite"):
+    encoders.from_hf(orbax_dir)
+  _, got = encoders.from_hf(orbax_dir, allow_nonfinite=True)
+  assert np.isinf(np.asarray(got["encoder"]["layer_0"]["mlp"]["wi"]["bias"][3]))
+  assert convert.main(["--from", orbax_dir, "--out", str(tmp_path / "back")]) == 2
+  assert not os.path.exists(tmp_path / "back")
