@@ -27,6 +27,7 @@ tokenizer), `predictions.jsonl` (the best epoch's eval predictions), `results.js
 classification `confusion_matrix.png`. best/ and hf/ are replaced atomically (a temporary
 directory renamed into place), and only when they are this run's own.
 """
+import hashlib
 import json
 import logging
 import math
@@ -378,10 +379,31 @@ def run(config, workdir: str, devices=None, stop_after: Optional[int] = None):
     lock_lib.release(handle)
 
 
-def _position(epoch, batch, history, train_tokens, pack, times):
-  """The data state saved with a checkpoint: where in which epoch, and the run so far."""
+def _fingerprint(config, train, labels):
+  """What the run is (launch/trainer/fingerprint.py's settings: model, init_from, data,
+  objective) and what it trains on: a hash of the encoded training rows, the label set,
+  the task, packing and the shuffling seed. Saved with every checkpoint; a resume with a
+  different one is refused, naming the keys."""
+  from launch.trainer import fingerprint as fp_lib
+  f = config.finetune
+  h = hashlib.sha256()
+  for k in sorted(train):
+    h.update(k.encode())
+    h.update(np.ascontiguousarray(train[k]).tobytes())
+  return dict(fp_lib.fingerprint(config), **{
+      "finetune.train_rows": f"{len(train['example_weight'])} rows, sha256 "
+                             f"{h.hexdigest()[:16]}",
+      "finetune.labels": list(labels), "finetune.task": str(f.task),
+      "finetune.regression": bool(f.regression),
+      "finetune.packing": bool(f.get("packing", False)), "train.seed": int(config.train.seed)})
+
+
+def _position(epoch, batch, history, train_tokens, pack, times, fingerprint):
+  """The data state saved with a checkpoint: where in which epoch, the run so far, and
+  what the run is (`_fingerprint`)."""
   return {"epoch": epoch, "batch": batch, "history": history, "train_tokens": train_tokens,
-          "packed_rows_seen": sorted(pack["seen"]) if pack else [], **times}
+          "packed_rows_seen": sorted(pack["seen"]) if pack else [], **times,
+          "fingerprint": fingerprint}
 
 
 def _run(config, workdir, devices, stop_after):
@@ -405,6 +427,7 @@ def _run(config, workdir, devices, stop_after):
   epochs = int(f.epochs)
   config.train.steps = steps_per_epoch * epochs
   setup = trainer.build(config, _TokenizerInfo(tok, int(config.model.pad_token_id)), devices)
+  fingerprint = _fingerprint(config, train, labels)
   manager = ckpt_lib.Manager(os.path.join(workdir, "checkpoints"), config.checkpoint)
   restored = manager.restore_latest(setup.abstract_state)
   if restored is None:
@@ -413,6 +436,17 @@ def _run(config, workdir, devices, stop_after):
     state, pos = restored[0], dict(restored[1] or {})
     if "batch" not in pos:  # an earlier version's epoch-end checkpoint: {"epoch": done}
       pos = {"epoch": int(state.step) // steps_per_epoch, "batch": 0}
+    if "fingerprint" in pos:
+      from launch.cli import ConfigError
+      from launch.trainer import fingerprint as fp_lib
+      refused, accepted = fp_lib.compare(pos["fingerprint"], fingerprint, fp_lib.parse_allowed(
+          config.train.get("allow_config_change", "")))
+      if refused:
+        manager.close()
+        raise ConfigError(fp_lib.refusal(workdir, int(state.step), refused))
+      if accepted:
+        log.warning("resuming with changed settings (train.allow_config_change): %s",
+                    fp_lib.describe(accepted))
     if int(state.step) != int(pos["epoch"]) * steps_per_epoch + int(pos["batch"]):
       manager.close()
       raise ValueError(
@@ -479,7 +513,7 @@ def _run(config, workdir, devices, stop_after):
           spent = time.perf_counter() - t_epoch
           manager.save(step, state, _position(
               epoch, i + 1, history, train_tokens, pack,
-              {"train_s": train_time + spent, "epoch_train_s": epoch_times}))
+              {"train_s": train_time + spent, "epoch_train_s": epoch_times}, fingerprint))
         if stop.requested:
           stopped = {"epoch": epoch, "batch": i + 1, "step": step}
           break
@@ -499,7 +533,7 @@ def _run(config, workdir, devices, stop_after):
       if manager.latest_step() != step:  # else saved there already, by a stop
         manager.save(step, state, _position(epoch + 1, 0, history, train_tokens, pack,
                                             {"train_s": train_time,
-                                             "epoch_train_s": epoch_times}))
+                                             "epoch_train_s": epoch_times}, fingerprint))
       if best is None or flat[select] > best["metrics"][select]:
         best = {"epoch": epoch + 1, "metrics": metrics, "selection_metric": select}
         if jax.process_index() == 0:

@@ -517,3 +517,18 @@ def test_sigterm_to_the_finetune_command_saves_and_the_same_command_resumes(tmp_
   assert "resuming at epoch" in done.stdout + done.stderr
   result = json.loads((work / "results.json").read_text())
   assert [h["epoch"] for h in result["history"]] == list(range(1, 13))
+
+
+def test_a_resume_on_other_training_data_or_settings_is_refused(tmp_path, bert):
+  work = str(tmp_path / "run")
+  c = _resume_config(tmp_path, bert, length_buckets="off")
+  assert finetune.run(c, work, stop_after=2)["stopped"]
+  saved = sorted(os.listdir(os.path.join(work, "checkpoints")))
+  (tmp_path / "other").mkdir()
+  other = _resume_config(tmp_path / "other", bert, length_buckets="off")
+  other.finetune.train_file = _rows_csv(tmp_path / "other" / "t6.csv", 40, 6)  # 40 others
+  other.train.seed = 7
+  with pytest.raises(cli.ConfigError, match=r"other settings: .*finetune\.train_rows: "
+                     r".*train\.seed: 0 -> 7.*allow_config_change="):
+    finetune.run(other, work)
+  assert sorted(os.listdir(os.path.join(work, "checkpoints"))) == saved
