@@ -307,6 +307,8 @@ def make_pipeline(config, workdir, *, process_index: int, process_count: int):
            "train_rows": len(rows["train"]), "eval_rows": len(rows["eval"]),
            "source": "arrayrecord", "shards": len(rows["train"].paths),
            "bad_data": bad.nonzero(),
+           "preprocess_bad_data": {k: int(v) for k, v in manifest.get("bad_data", {}).items()
+                                   if v},
            "startup_s": round(time.perf_counter() - t0, 3)}
   fp_spec = {"manifest": manifest["fingerprint"],
              "shards": [p.rsplit("/", 1)[-1] for p in rows["train"].paths],

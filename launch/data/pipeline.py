@@ -264,6 +264,9 @@ def validate(config) -> None:
     raise ValueError(f"data.global_batch={data.global_batch} must be positive")
   if not 0 <= float(data.eval_fraction) < 1:
     raise ValueError(f"data.eval_fraction={data.eval_fraction} must be in [0, 1)")
+  if int(data.max_documents) == 0 or int(data.max_documents) < -1:
+    raise ValueError(f"data.max_documents={data.max_documents}: use -1 (all of them) or a "
+                     "positive number")
   if int(data.num_epochs) == 0 or int(data.num_epochs) < -1:
     raise ValueError(f"data.num_epochs={data.num_epochs}: use -1 (forever) or a positive "
                      "number")

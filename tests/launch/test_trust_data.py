@@ -314,6 +314,7 @@ def test_tfds_bad_records_are_counted_or_named(spm_path, monkeypatch):
     ({"bad_data": "sometimes"}, "data.bad_data='sometimes'"),
     ({"max_document_bytes": 0}, "data.max_document_bytes=0"),
     ({"min_printable_ratio": 1.5}, "data.min_printable_ratio=1.5"),
+    ({"max_documents": 0}, "data.max_documents=0"),
     ({"source": "arrayrecord", "path": ""}, "needs --config.data.path"),
     ({"source": "arrayrecord", "path": "/nonexistent/shards"}, "does not exist"),
     ({"source": "arrayrecord", "path": "gs://bucket/shards"}, "gcsfuse"),
@@ -439,6 +440,19 @@ def test_shards_hold_a_disjoint_held_out_split_and_evaluate_on_it(spm_path, tmp_
   batches = p.eval_batches(100)
   real = sum(int(b["segment_ids"][r].any()) for b in batches for r in range(p.batch_size))
   assert real == len(eval_rows)
+
+
+def test_shards_carry_the_preprocessing_bad_input_counts_into_the_run(spm_path, tmp_path):
+  _good_file(tmp_path, 40)
+  (tmp_path / "latin1.txt").write_bytes(b"caf\xe9 au lait")
+  (tmp_path / "x.bin").write_bytes(bytes(range(256)))
+  c = _pre_config(spm_path, f"{tmp_path}/*.txt,{tmp_path}/x.bin")
+  out = tmp_path / "s"
+  m = preprocess.preprocess(c, str(out), workers=1, progress=False)
+  assert {k: v for k, v in m["bad_data"].items() if v} == {"non_utf8": 1, "binary": 1}
+  p = _pipeline(_ar_config(c, out))
+  assert p.stats["preprocess_bad_data"] == {"non_utf8": 1, "binary": 1}
+  assert p.stats["bad_data"] == {} and json.loads(json.dumps(p.stats)) == p.stats
 
 
 def test_shards_whose_held_out_rows_are_unreadable_stop_at_start_up(spm_path, tmp_path):
