@@ -98,14 +98,14 @@ def ownership(workdir: str) -> str:
   if "://" in workdir:
     log.info("work directory %s is not local: its ownership is not checked", workdir)
     return "remote"
+  real = os.path.realpath(workdir)  # a link to a directory is that directory: never replaced
   try:
-    outdir.check_target(workdir, WORKDIR_WHAT)
+    outdir.check_target(real, WORKDIR_WHAT)
   except outdir.OutputDirError as e:
-    if os.path.isdir(workdir) and not os.path.islink(workdir) and set(
-        os.listdir(workdir)) <= TRAINER_ENTRIES:
+    if os.path.isdir(real) and set(os.listdir(real)) <= TRAINER_ENTRIES:
       return "legacy"
-    raise cli.ConfigError(str(e)) from None
-  return "ours" if outdir.is_ours(workdir) else "new"
+    raise cli.ConfigError(str(e).replace(real, workdir)) from None
+  return "ours" if outdir.is_ours(real) else "new"
 
 
 def resume_check(config, workdir: str, fp: dict) -> dict:

@@ -109,6 +109,18 @@ def test_a_users_directory_is_refused_before_anything_is_written(tmp_path):
   assert sorted(os.listdir(wd)) == ["notes.txt"]
 
 
+def test_ownership_of_new_empty_linked_and_file_paths(tmp_path):
+  assert loop.ownership(str(tmp_path / "absent")) == "new"
+  (tmp_path / "empty").mkdir()
+  assert loop.ownership(str(tmp_path / "empty")) == "new"
+  os.symlink(tmp_path / "empty", tmp_path / "link")  # e.g. a scratch volume's directory
+  assert loop.ownership(str(tmp_path / "link")) == "new"
+  (tmp_path / "file").write_text("x")
+  with pytest.raises(cli.ConfigError, match="is not a directory"):
+    loop.ownership(str(tmp_path / "file"))
+  assert loop.ownership("gs://bucket/run") == "remote"
+
+
 def test_an_earlier_versions_workdir_is_adopted(partial_run, tmp_path):
   wd = str(tmp_path / "old")
   shutil.copytree(partial_run, wd)
