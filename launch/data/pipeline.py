@@ -345,7 +345,15 @@ def make_pipeline(config, workdir: str | None, *, process_index: int | None = No
   nsp_prob = _nsp_prob(config)
 
   bad = badinput.BadData.from_config(data)
-  documents = functools.cache(lambda: sources.load_documents(data, bad))
+
+  @functools.cache
+  def documents():
+    train_docs, eval_docs = sources.load_documents(data, bad)
+    if not eval_docs:  # before a tokenizer is trained or anything tokenized
+      check_held_out(config, 0, _held_out_why(data, len(train_docs), 0, bad.nonzero()),
+                     eval_fraction=float(data.eval_fraction), eval_split=data.eval_split)
+    return train_docs, eval_docs
+
   tokenizer = tokenization.make_tokenizer(config.tokenizer, workdir, lambda: documents()[0])
   t_tok = time.perf_counter()
 
