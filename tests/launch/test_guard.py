@@ -101,7 +101,10 @@ def test_nan_step_skipped_and_counted(tmp_path, tokenizer_cache, monkeypatch):
                                  _devices(1))
   rec = {r["step"]: r for r in metrics_lib.read(wd) if r.get("split") == "train"}
   assert [rec[s]["skipped_nonfinite"] for s in range(1, 7)] == [0, 1, 0, 0, 0, 0]
-  assert all(np.isfinite(rec[s]["mlm_loss"]) for s in rec)
+  assert [rec[s]["skipped_total"] for s in range(1, 7)] == [0, 1, 1, 1, 1, 1]
+  # the skipped step shows no loss (never a 0.0 mean of nothing); the others are finite
+  assert "mlm_loss" not in rec[2] and rec[2]["applied_steps"] == 0
+  assert all(np.isfinite(rec[s]["mlm_loss"]) for s in rec if s != 2)
   assert bool(guard._all_finite(out["state"].params))
   assert os.path.isfile(os.path.join(wd, "hf", "model.safetensors"))
 
