@@ -14,7 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 OVERRIDES = ["--config.model.num_hidden_layers=1", "--config.model.hidden_size=32",
              "--config.model.num_attention_heads=2", "--config.model.intermediate_size=64",
              "--config.tokenizer.vocab_size=500", "--config.tokenizer.train_sentences=10000",
-             "--config.data.max_documents=60", "--config.data.seq_len=32",
+             "--config.data.max_documents=60", "--config.data.eval_fraction=0.1",
+             "--config.data.seq_len=32",
              "--config.data.global_batch=8", "--config.optimizer.warmup_steps=1",
              "--config.train.log_every=1", "--config.train.eval_every=4",
              "--config.train.eval_batches=1", "--config.checkpoint.every=2",
@@ -113,8 +114,7 @@ def test_two_processes_train_on_shards_sigterm_and_resume_bitwise(tmp_path):
 
   from launch import preprocess
   shards = str(tmp_path / "shards")
-  m = preprocess.preprocess(tiny_config("--config.data.eval_fraction=0.1"), shards,
-                            workers=1, progress=False)
+  m = preprocess.preprocess(tiny_config(), shards, workers=1, progress=False)
   assert m["totals"]["eval"]["rows"] > 0 and m["label_key"] == "next_sentence_label"
   steps = 60
   extra = ["--config.data.source=arrayrecord", f"--config.data.path={shards}",
