@@ -175,31 +175,36 @@ class SkipTracker:
     self.total = int(prior)
 
   def observe(self, first_step: int, per_step: list) -> int:
-    """`per_step`: the metric sums of steps first_step, first_step+1, ... in order.
-    -> the skipped count among them; raises Diverged at max_consecutive_skips."""
-    n = 0
+    """`per_step`: the metric sums of steps first_step, first_step+1, ... in order (one
+    log interval). -> the skipped count among them; raises Diverged when a run of
+    max_consecutive_skips skipped updates was reached in them."""
+    n, hit, ended = 0, None, False
     for i, sums in enumerate(per_step):
       skipped = skipped_of(sums)
       n += skipped
       if not skipped:
         self.in_a_row, self.since = 0, None
+        ended = hit is not None  # the run of skips that reached the limit is over
         continue
       self.in_a_row += 1
       self.since = first_step + i if self.since is None else self.since
-      if self.policy == "skip" and self.in_a_row >= self.limit:
-        step = first_step + i
-        kinds = [k for k in COUNTERS if float(sums.get(k, 0))]
-        why = ("a NaN/inf loss or gradient norm" if kinds == ["skipped_nonfinite"] else
-               "a gradient-norm spike" if kinds == ["skipped_spike"] else
-               "a NaN/inf or a spike")
-        self.total += n
-        raise Diverged(
-            f"training stopped at step {step}: {self.in_a_row} updates in a row were skipped "
-            f"(steps {self.since}..{step}, the last with {why}; train.max_consecutive_skips="
-            f"{self.limit}): the run has diverged or its input is bad. Lower the learning "
-            "rate or check the data, then resume from the last checkpoint")
+      if self.in_a_row >= self.limit and hit is None:
+        hit, ended = self.since, False
+      if hit is not None and not ended:
+        last_kinds = [k for k in COUNTERS if float(sums.get(k, 0))]
+        last = first_step + i
     self.total += n
-    return n
+    if hit is None or self.policy != "skip":
+      return n
+    end = first_step + len(per_step) - 1
+    why = ("a NaN/inf loss or gradient norm" if last_kinds == ["skipped_nonfinite"] else
+           "a gradient-norm spike" if last_kinds == ["skipped_spike"] else
+           "a NaN/inf or a spike")
+    raise Diverged(
+        f"training stopped at step {end}: {last - hit + 1} updates in a row were skipped "
+        f"(steps {hit}..{last}, the last with {why}; train.max_consecutive_skips="
+        f"{self.limit}): the run has diverged or its input is bad. Lower the learning "
+        "rate or check the data, then resume from the last checkpoint")
 
   def check_fraction(self, total_steps: int, step: int) -> None:
     """At the end of a run: raises Diverged when more than max_skipped_fraction of its

@@ -349,6 +349,11 @@ def test_skip_tracker_counts_in_a_row_and_in_all():
   t.observe(1, [s(1)] * 9 + [s(0)])
   with pytest.raises(guard.Diverged, match="9 of its 10 updates skipped"):
     t.check_fraction(10, 10)
+  # a log interval longer than the limit: the run of skips is named, the stop is at its end
+  t = guard.SkipTracker(ml_cfg(max_consecutive_skips=2))
+  with pytest.raises(guard.Diverged, match=r"stopped at step 7: 3 updates in a row were "
+                     r"skipped \(steps 2\.\.4, the last with a NaN"):
+    t.observe(1, [s(0), s(1), s(1), s(1), s(0), s(1), s(0)])
   stop = guard.SkipTracker(ml_cfg(nonfinite_policy="stop", max_consecutive_skips=1))
   stop.observe(1, [s(1)])  # policy stop: guard.check raises instead
 
