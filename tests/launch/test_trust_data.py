@@ -377,6 +377,13 @@ def test_preprocess_refuses_a_users_non_empty_directory(spm_path, tmp_path):
   with pytest.raises(outdir.OutputDirError, match="not a directory"):
     preprocess.preprocess(c, str(mine / "thesis.tex"), workers=1, progress=False)
   assert (mine / "thesis.tex").read_text() == "years of work"
+  run = tmp_path / "run"  # another tool's output (a training work directory)
+  run.mkdir()
+  outdir.write_marker(str(run), "launch.pretrain")
+  (run / "metrics.jsonl").write_text("{}")
+  with pytest.raises(outdir.OutputDirError, match="holds the output of launch.pretrain"):
+    preprocess.preprocess(c, str(run), workers=1, progress=False)
+  assert sorted(os.listdir(run)) == [outdir.MARKER, "metrics.jsonl"]
 
 
 def test_preprocess_command_line_refusal_is_one_line(spm_path, tmp_path):
