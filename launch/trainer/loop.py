@@ -161,20 +161,20 @@ def claim(config, workdir: str, fp: dict):
       accepted = resume_check(config, workdir, fp)
       os.makedirs(workdir, exist_ok=True)
       handle = lock_lib.acquire(workdir)
-    except cli.ConfigError as e:
+      if kind == "legacy":
+        log.info("work directory %s holds only what this trainer writes, without its "
+                 "marker (an earlier version's): marking it as ours", workdir)
+        hf = os.path.join(workdir, "hf")
+        if os.path.isfile(os.path.join(hf, "config.json")) and not outdir.is_ours(hf):
+          outdir.write_marker(hf, "launch.pretrain export")  # the trainer's own export
+      if kind in ("new", "legacy"):
+        outdir.write_marker(workdir, WORKDIR_WHAT)
+    except Exception as e:  # noqa: BLE001 - any failure: the other processes must hear of it
+      lock_lib.release(handle)
       error = e
   _agree(error)
   if not main:
     os.makedirs(workdir, exist_ok=True)
-    return handle, accepted
-  if kind == "legacy":
-    log.info("work directory %s was written by an earlier version: marking it as ours",
-             workdir)
-    hf = os.path.join(workdir, "hf")
-    if os.path.isfile(os.path.join(hf, "config.json")) and not outdir.is_ours(hf):
-      outdir.write_marker(hf, "launch.pretrain export")  # the trainer's own export
-  if kind in ("new", "legacy"):
-    outdir.write_marker(workdir, WORKDIR_WHAT)
   return handle, accepted
 
 
