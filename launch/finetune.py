@@ -105,6 +105,9 @@ def load_data(config, tok, bad=None, report=None):
     names = (f"{names[0]} (training part)", f"{names[0]} (held-out part)")
   if int(f.max_train_rows) > 0:
     train = train[:int(f.max_train_rows)]
+  if f.task == "sequence" and f.regression and len(evals) < 2:
+    raise ValueError(f"{names[1]}: {len(evals)} eval row; regression's correlations need 2 "
+                     "or more")
   # The label set: finetune.labels, else the training rows' labels (never the eval's).
   skipped, labels = {}, ()
   if f.task == "sequence" and f.regression:
@@ -221,9 +224,11 @@ def _copy_tokenizer(src_dir, dst_dir):
       shutil.copy(os.path.join(src_dir, name), os.path.join(dst_dir, name))
 
 
-def validate(config) -> None:
+def validate(config, devices=None) -> None:
   """Every fine-tuning setting that can be checked before any data is read or anything
-  written: raises one cli.ConfigError naming each bad key, its value and the fix."""
+  written: raises one cli.ConfigError naming each bad key, its value and the fix (the
+  fine-tuning keys first, all in one line; then the trainer's checks of the shared
+  sections)."""
   from launch.cli import ConfigError
   f, errs = config.finetune, []
   init_from = str(config.get("init_from", "") or "")
@@ -318,6 +323,15 @@ def validate(config) -> None:
     errs.append(f"checkpoint.keep={config.checkpoint.keep} must be >= 1")
   if errs:
     raise ConfigError("; ".join(errs))
+  # The trainer's start-up checks (launch/trainer/checks.py): every enum and rate of the
+  # shared sections, data.seq_len against the checkpoint's positions, the batch against
+  # the devices. On a scratch copy: the steps come from the epochs later, and checkpoints
+  # are taken at epoch ends when checkpoint.every is 0.
+  from launch.trainer import checks
+  scratch = ml_collections.ConfigDict(config.to_dict())
+  scratch.train.steps = 10**9
+  scratch.checkpoint.every = int(scratch.checkpoint.get("every", 0) or 0) or 10**9
+  checks.check(scratch, devices)
 
 
 def _claim_workdir(workdir: str) -> str:
@@ -340,6 +354,16 @@ def _claim_workdir(workdir: str) -> str:
   for sub in ("best", "hf"):
     outdir.check_target(os.path.join(workdir, sub), f"the run's {sub}/ export")
   return workdir
+
+
+def _better(value, best) -> bool:
+  """Whether an epoch's selection metric beats the best so far (None: no best yet); NaN
+  never beats a number, and any number beats NaN."""
+  if best is None:
+    return True
+  if math.isnan(float(value)):
+    return False
+  return math.isnan(float(best)) or value > best
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -369,7 +393,7 @@ def run(config, workdir: str, devices=None, stop_after: Optional[int] = None):
   JAX starts, as main() does: without it every step re-faults XLA's temporary buffer
   (measured in docs/finetune.md, "Fine-tuning")."""
   config = ml_collections.ConfigDict(config.to_dict())
-  validate(config)  # one line naming every bad setting, before anything is read or written
+  validate(config, devices)  # one line naming bad settings, before anything is read/written
   workdir = _claim_workdir(os.path.abspath(workdir))
   from launch.trainer import lock as lock_lib
   handle = lock_lib.acquire(workdir, enabled=jax.process_index() == 0)
@@ -534,7 +558,7 @@ def _run(config, workdir, devices, stop_after):
         manager.save(step, state, _position(epoch + 1, 0, history, train_tokens, pack,
                                             {"train_s": train_time,
                                              "epoch_train_s": epoch_times}, fingerprint))
-      if best is None or flat[select] > best["metrics"][select]:
+      if _better(flat[select], best and best["metrics"][select]):
         best = {"epoch": epoch + 1, "metrics": metrics, "selection_metric": select}
         if jax.process_index() == 0:
           _export(setup, jax.device_get(state.params), config.init_from,

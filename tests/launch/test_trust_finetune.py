@@ -532,3 +532,43 @@ def test_a_resume_on_other_training_data_or_settings_is_refused(tmp_path, bert):
                      r".*train\.seed: 0 -> 7.*allow_config_change="):
     finetune.run(other, work)
   assert sorted(os.listdir(os.path.join(work, "checkpoints"))) == saved
+
+
+def test_a_nan_epoch_metric_never_stays_the_best():
+  nan = float("nan")
+  assert finetune._better(nan, None)  # the first epoch is the best so far, whatever it is
+  assert finetune._better(0.1, nan) and not finetune._better(nan, 0.1)
+  assert finetune._better(0.5, 0.4) and not finetune._better(0.4, 0.4)
+
+
+def test_regression_with_one_eval_row_is_refused_before_training(tmp_path, bert):
+  c = _config("regression", bert, train_file=_csv(tmp_path / "t.csv", ["good,1", "bad,0"] * 4),
+              eval_file=_csv(tmp_path / "e.csv", ["fine,0.5"]))
+  with pytest.raises(ValueError, match=r"e\.csv: 1 eval row; regression's correlations"):
+    _load(c)
+
+
+@pytest.mark.parametrize("section,key,value,match", [
+    ("data", "seq_len", 128, "data.seq_len=128 is longer than the model's 64 positions"),
+    ("train", "nonfinite_policy", "bogus", "train.nonfinite_policy='bogus'"),
+    ("optimizer", "learning_rate", -1.0, "optimizer.learning_rate=-1.0"),
+])
+def test_the_trainers_checks_apply_to_finetuning_before_any_data(tmp_path, bert, section,
+                                                                 key, value, match):
+  c = _config("sequence", bert, train_file=_csv(tmp_path / "t.csv", GOOD))
+  c[section][key] = value
+  with pytest.raises(cli.ConfigError, match=re.escape(match)):
+    finetune.run(c, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_byte_order_mark_does_not_hide_the_first_column(tmp_path):
+  (tmp_path / "t.csv").write_bytes(b"\xef\xbb\xbftext,label\ngood,pos\n")
+  assert fd.read_table(str(tmp_path / "t.csv")) == [{"text": "good", "label": "pos"}]
+
+
+def test_one_row_cannot_be_held_out_from():
+  with pytest.raises(ValueError, match="1 row.* cannot be split"):
+    fd.holdout(1, 0.2, 0)
+  tr, ev = fd.holdout(2, 0.9, 0)  # at least one row on each side
+  assert len(tr) == 1 and len(ev) == 1
