@@ -164,9 +164,10 @@ def claim(config, workdir: str, fp: dict):
       if kind == "legacy":
         log.info("work directory %s holds only what this trainer writes, without its "
                  "marker (an earlier version's): marking it as ours", workdir)
+        from encoders import hf as hf_lib
         hf = os.path.join(workdir, "hf")
-        if os.path.isfile(os.path.join(hf, "config.json")) and not outdir.is_ours(hf):
-          outdir.write_marker(hf, "launch.pretrain export")  # the trainer's own export
+        if hf_lib.is_model_dir(hf) and not outdir.is_ours(hf):  # the trainer's own export:
+          outdir.write_marker(hf, hf_lib.HF_EXPORT)  # the next export may replace it
       if kind in ("new", "legacy"):
         outdir.write_marker(workdir, WORKDIR_WHAT)
     except Exception as e:  # noqa: BLE001 - any failure: the other processes must hear of it

@@ -126,6 +126,10 @@ def test_an_earlier_versions_workdir_is_adopted(partial_run, tmp_path):
   shutil.copytree(partial_run, wd)
   os.remove(os.path.join(wd, outdir.MARKER))
   os.remove(os.path.join(wd, fp_lib.FILE))
+  os.makedirs(os.path.join(wd, "hf"))  # an export written before markers existed
+  for name in ("config.json", "model.safetensors"):
+    with open(os.path.join(wd, "hf", name), "w") as f:
+      f.write("{}")
   assert loop.ownership(wd) == "legacy"
   # its settings are read from its config.json: another activation is still refused
   with pytest.raises(cli.ConfigError, match=r'model.hidden_act: "gelu" -> "relu"'):
@@ -136,6 +140,8 @@ def test_an_earlier_versions_workdir_is_adopted(partial_run, tmp_path):
   handle, accepted = loop.claim(config, wd, fp_lib.fingerprint(config))
   lock.release(handle)
   assert accepted == {} and outdir.is_ours(wd) and loop.ownership(wd) == "ours"
+  from encoders import hf as hf_lib
+  hf_lib.check_export_target(os.path.join(wd, "hf"))  # the resumed run may export over it
 
 
 # ---------------------------------------------------------------------- resume checks
