@@ -9,6 +9,8 @@ module.
   token_type_ids=None, *, dropout_rng=None, **extra)` is a plain function of a nested
   dict of arrays and integer arrays; it returns `EncoderOutput`, a registered pytree of
   arrays (fields a model lacks are None). Dropout runs only when `dropout_rng` is given.
+  Out-of-range inputs (an id outside [0, vocab_size), a bad token type, position or mask
+  value) raise ValueError when called eagerly; under jit every output of that row is NaN.
 - Linen: make the encoder module (`model` from `encoders.from_hf`) a field of your module,
   initialise your module as usual, then `place(variables["params"], params, "encoder")`
   puts the pretrained weights into that subtree. It checks the structure and every shape
