@@ -88,6 +88,15 @@ def claim_out(out: str) -> str:
           f"{WRITER} --out {out} is a non-empty directory this project did not write (no "
           f"{outdir.MARKER} marker); refusing to write into it: choose a new or empty "
           "directory")
+    if outdir.MARKER in names and names != [outdir.MARKER]:
+      try:
+        writer = json.loads((path / outdir.MARKER).read_text()).get("writer") or ""
+      except (ValueError, AttributeError):
+        writer = ""
+      if not writer.startswith(WRITER):
+        raise outdir.OutputDirError(
+            f"{WRITER} --out {out} holds the output of {writer or 'another tool'}; "
+            "refusing to write shards into it: choose a new or empty directory")
   path.mkdir(parents=True, exist_ok=True)
   if not (path / outdir.MARKER).exists():
     (path / outdir.MARKER).write_text(json.dumps({"writer": WRITER}))

@@ -161,6 +161,9 @@ def check_eval_split(data) -> None:
   held-out numbers would measure text the model trained on."""
   if not data.eval_split:
     return
+  if data.source == "default":
+    raise ValueError("source=default has no named splits; leave data.eval_split empty "
+                     "and use data.eval_fraction")
   if data.source == "tfds" and data.eval_split == data.train_split:
     raise ValueError(f"data.eval_split={data.eval_split!r} is data.train_split: the "
                      "held-out set would be trained on; name another split")
