@@ -403,6 +403,32 @@ def run(config, workdir: str, devices=None, stop_after: Optional[int] = None):
     lock_lib.release(handle)
 
 
+def _log_train(writer, config, skips, per_step, step):
+  """The train metrics of the steps since the last log (`per_step`: their host metric
+  sums) as the pretraining loop writes them: under train.nonfinite_policy="stop" a
+  skipped (non-finite) update raises; under "skip" the skipped updates are counted (and
+  too many in a row raise guard.Diverged), the means are over the applied steps, and an
+  interval with every update skipped shows no loss."""
+  from launch.trainer import guard as guard_lib
+  host = {}
+  for s in per_step:
+    host = losses.add_metrics(host, s)
+  n = len(per_step)
+  guard_lib.check(host, config.train, step, step - n)
+  n_skipped = skips.observe(step - n + 1, per_step)
+  applied = n - n_skipped
+  lr, gnorm = float(host.pop("learning_rate")) / n, float(host.pop("grad_norm"))
+  metrics = losses.finalize_metrics({k: float(v) for k, v in host.items()})
+  if applied:
+    metrics["grad_norm"] = gnorm / applied
+  else:
+    metrics = {k: v for k, v in metrics.items()
+               if k.endswith("_count") or k in guard_lib.COUNTERS}
+  if guard_lib.COUNTERS[0] in host:
+    metrics.update(skipped_steps=n_skipped, applied_steps=applied, skipped_total=skips.total)
+  writer.write(step, "train", dict(metrics, learning_rate=lr))
+
+
 def _fingerprint(config, train, labels):
   """What the run is (launch/trainer/fingerprint.py's settings: model, init_from, data,
   objective) and what it trains on: a hash of the encoded training rows, the label set,
@@ -433,6 +459,7 @@ def _position(epoch, batch, history, train_tokens, pack, times, fingerprint):
 def _run(config, workdir, devices, stop_after):
   from launch import trainer
   from launch.trainer import checkpoint as ckpt_lib
+  from launch.trainer import guard as guard_lib
   from launch.trainer import metrics as metrics_lib
   from launch.trainer import preemption as preemption_lib
   from launch.trainer import sharding as shard_lib
@@ -505,6 +532,7 @@ def _run(config, workdir, devices, stop_after):
             "seen": set(int(r) for r in pos.get("packed_rows_seen", []))}
   every = int(config.checkpoint.get("every", 0) or 0)
   log_every = int(config.train.log_every)
+  skips = guard_lib.SkipTracker(config.train, int(pos.get("skipped_total", 0)))
   stop = preemption_lib.StopFlag()  # multi-process: all stop at one agreed step
   main_thread = threading.current_thread() is threading.main_thread()
   previous_handler = signal.getsignal(signal.SIGTERM) if main_thread else None
@@ -524,20 +552,15 @@ def _run(config, workdir, devices, stop_after):
           stop.requested = True
         stop.poll(step)
         if (i + 1) % log_every == 0 or i + 1 == steps_per_epoch or stop.requested:
-          host = {}
-          for s in jax.device_get(pending):
-            host = losses.add_metrics(host, s)
-          n_steps = len(pending)
-          lr, gnorm = host.pop("learning_rate") / n_steps, host.pop("grad_norm") / n_steps
-          writer.write(step, "train", dict(losses.finalize_metrics(
-              {k: float(v) for k, v in host.items()}), learning_rate=float(lr),
-              grad_norm=float(gnorm)))
+          _log_train(writer, config, skips, jax.device_get(pending), step)
           pending = []
         if stop.requested or (every and step % every == 0 and i + 1 < steps_per_epoch):
+          guard_lib.check_pending(pending, config.train, step, step - len(pending))
           spent = time.perf_counter() - t_epoch
           manager.save(step, state, _position(
               epoch, i + 1, history, train_tokens, pack,
-              {"train_s": train_time + spent, "epoch_train_s": epoch_times}, fingerprint))
+              {"train_s": train_time + spent, "epoch_train_s": epoch_times,
+               "skipped_total": skips.total}, fingerprint))
         if stop.requested:
           stopped = {"epoch": epoch, "batch": i + 1, "step": step}
           break
@@ -557,12 +580,14 @@ def _run(config, workdir, devices, stop_after):
       if manager.latest_step() != step:  # else saved there already, by a stop
         manager.save(step, state, _position(epoch + 1, 0, history, train_tokens, pack,
                                             {"train_s": train_time,
-                                             "epoch_train_s": epoch_times}, fingerprint))
+                                             "epoch_train_s": epoch_times,
+                                             "skipped_total": skips.total}, fingerprint))
       if _better(flat[select], best and best["metrics"][select]):
         best = {"epoch": epoch + 1, "metrics": metrics, "selection_metric": select}
         if jax.process_index() == 0:
-          _export(setup, jax.device_get(state.params), config.init_from,
-                  os.path.join(workdir, "best"))
+          host_params = jax.device_get(state.params)
+          guard_lib.assert_finite_params(host_params, step, f"the export {workdir}/best")
+          _export(setup, host_params, config.init_from, os.path.join(workdir, "best"))
           _write_atomic(os.path.join(workdir, "predictions.jsonl"),
                         "".join(json.dumps(r) + "\n" for r in records))
           _write_atomic(best_path, json.dumps(best))
@@ -577,6 +602,7 @@ def _run(config, workdir, devices, stop_after):
     writer.close()
     return dict(stopped, stopped=True, workdir=workdir, history=history, best=best,
                 data=data_report, state=state)
+  skips.check_fraction(config.train.steps, int(state.step))  # a mostly-skipped run: no hf/
   if jax.process_index() == 0:
     hf_dir = os.path.join(workdir, "hf")
     with outdir.atomic_dir(hf_dir, WRITER) as tmp:

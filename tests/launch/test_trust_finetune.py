@@ -572,3 +572,17 @@ def test_one_row_cannot_be_held_out_from():
     fd.holdout(1, 0.2, 0)
   tr, ev = fd.holdout(2, 0.9, 0)  # at least one row on each side
   assert len(tr) == 1 and len(ev) == 1
+
+
+@pytest.mark.parametrize("policy,error", [
+    ("stop", "training stopped at step"),
+    pytest.param("skip", "updates in a row were skipped", marks=pytest.mark.slow)])
+def test_a_diverging_finetune_stops_loudly_and_exports_nothing(tmp_path, bert, policy,
+                                                                error):
+  c = _config("sequence", bert, train_file=_csv(tmp_path / "t.csv", GOOD * 10),
+              length_buckets="off", epochs=3)
+  c.optimizer.learning_rate, c.optimizer.clip_norm = 1e30, 0.0
+  c.train.nonfinite_policy, c.train.max_consecutive_skips, c.train.log_every = policy, 2, 1
+  with pytest.raises(FloatingPointError, match=error):
+    finetune.run(c, str(tmp_path / "run"))
+  assert not (tmp_path / "run" / "best").exists() and not (tmp_path / "run" / "hf").exists()
