@@ -78,12 +78,15 @@ def modes_from_umask(directory: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str, what: str):
+def atomic_dir(path: str, what: str, check=None):
   """Yields a temporary directory to fill; on success it replaces `path` (which must be
   absent, empty or ours: checked before and again at the swap). On an exception the
-  temporary directory is removed and `path` is untouched."""
+  temporary directory is removed and `path` is untouched. `check(path)`, when given,
+  replaces `check_target` (both times): a writer that may replace only some of this
+  project's directories (e.g. an HF export, never a run's work directory) says which."""
   path = os.path.abspath(path)
-  check_target(path, what)
+  check = check or (lambda p: check_target(p, what))
+  check(path)
   parent = os.path.dirname(path)
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
@@ -91,7 +94,7 @@ def atomic_dir(path: str, what: str):
     yield tmp
     write_marker(tmp, what)
     modes_from_umask(tmp)
-    check_target(path, what)  # nothing of the user's appeared meanwhile
+    check(path)  # nothing of the user's (or another writer's) appeared meanwhile
     old = None
     if os.path.lexists(path) and os.listdir(path):
       old = os.path.join(parent, f".{os.path.basename(path)}.old-{uuid.uuid4().hex[:8]}")

@@ -324,7 +324,7 @@ def write_export(path, table, flat, cfg, prefix, hf, what):
   for rule in table:
     for key, value in export_rule(rule, flat, cfg).items():
       tensors[f"{prefix}.{key}" if (rule.base and prefix) else key] = value
-  with outdir.atomic_dir(path, HF_EXPORT) as tmp:
+  with outdir.atomic_dir(path, HF_EXPORT, check=check_export_target) as tmp:
     save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(hf, f, indent=2, sort_keys=True)

@@ -97,3 +97,21 @@ def test_modes_follow_the_umask(tmp_path):
     os.umask(old)
   assert oct(os.stat(tmp_path / "e").st_mode & 0o777) == oct(0o755)
   assert oct(os.stat(tmp_path / "e" / "model.txt").st_mode & 0o777) == oct(0o644)
+
+
+def test_a_writers_own_check_runs_before_and_at_the_swap(tmp_path):
+  out = tmp_path / "export"
+  seen = []
+
+  def check(p):
+    seen.append(p)
+    if os.path.isdir(p) and os.path.exists(os.path.join(p, "checkpoints")):
+      raise outdir.OutputDirError(f"{p} is a work directory")
+
+  with pytest.raises(outdir.OutputDirError, match="work directory"):
+    with outdir.atomic_dir(str(out), "w", check=check) as tmp:
+      _fill(tmp)
+      outdir.claim_dir(str(out), "trainer")  # another writer's directory appears
+      (out / "checkpoints").mkdir()
+  assert seen == [str(out), str(out)]
+  assert (out / "checkpoints").is_dir() and not (out / "model.txt").exists()
