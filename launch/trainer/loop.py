@@ -12,6 +12,7 @@ import ml_collections
 import numpy as np
 
 import objectives
+from encoders import hf as hf_lib
 from encoders import outdir
 from launch import cli
 from launch import data as data_lib
@@ -164,7 +165,6 @@ def claim(config, workdir: str, fp: dict):
       if kind == "legacy":
         log.info("work directory %s holds only what this trainer writes, without its "
                  "marker (an earlier version's): marking it as ours", workdir)
-        from encoders import hf as hf_lib
         hf = os.path.join(workdir, "hf")
         if hf_lib.is_model_dir(hf) and not outdir.is_ours(hf):  # the trainer's own export:
           outdir.write_marker(hf, hf_lib.HF_EXPORT)  # the next export may replace it
@@ -342,7 +342,11 @@ def _run(config, workdir, devices, stop_after, phases, fp, accepted) -> Dict[str
   if is_main:
     hf_dir = os.path.join(workdir, "hf")
     guard_lib.assert_finite_params(host_params, step, f"the export {hf_dir}")
-    objective.export(host_params, hf_dir, pipeline.tokenizer)
+    if "://" in hf_dir:
+      objective.export(host_params, hf_dir, pipeline.tokenizer)
+    else:  # the whole export (weights, tokenizer, an RTD generator...) or nothing
+      with outdir.atomic_dir(hf_dir, hf_lib.HF_EXPORT, check=hf_lib.check_export_target) as tmp:
+        objective.export(host_params, tmp, pipeline.tokenizer)
     writer.write_json("summary", {"step": step, "skipped_steps": skips.total,
                                   "bad_data_skipped": _bad_data_skipped(pipeline),
                                   "data": pipeline.stats})
