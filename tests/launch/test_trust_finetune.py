@@ -586,3 +586,9 @@ def test_a_diverging_finetune_stops_loudly_and_exports_nothing(tmp_path, bert, p
   with pytest.raises(FloatingPointError, match=error):
     finetune.run(c, str(tmp_path / "run"))
   assert not (tmp_path / "run" / "best").exists() and not (tmp_path / "run" / "hf").exists()
+
+
+def test_squad_that_is_not_utf8_names_file_and_byte(tmp_path):
+  (tmp_path / "q.json").write_bytes(b'{"data": [{"title": "caf\xe9"}]}')
+  with pytest.raises(ValueError, match=r"q\.json: not UTF-8 at byte 24"):
+    fd.read_squad(str(tmp_path / "q.json"))
