@@ -68,18 +68,27 @@ def nll_and_metrics(logp, labels, weights, replaced, inputs, prefix="dmlm"):
 class ReplacedMlm(rtd.ReplacedTokenDetection):
   """Generator MLM + disc_weight x MLM of the second network on the corrupted input."""
 
-  def __init__(self, config, tokenizer):
+  @classmethod
+  def check_config(cls, config):
+    """rtd's settings, and mlm_targets / copy_gate / rtd_positions (one-line errors, at
+    start-up before any data work, and again when the objective is built)."""
+    super().check_config(config)
     c = config.objective
-    self.targets = str(c.get("mlm_targets", "masked"))
-    if self.targets not in MLM_TARGETS:
-      raise ValueError(f"objective.mlm_targets={self.targets!r}; choose from {MLM_TARGETS}")
-    self.copy_gate = bool(c.get("copy_gate", False))
-    if self.copy_gate and self.targets != "all":
+    targets = str(c.get("mlm_targets", "masked"))
+    if targets not in MLM_TARGETS:
+      raise ValueError(f"objective.mlm_targets={targets!r}; choose from {MLM_TARGETS}")
+    if bool(c.get("copy_gate", False)) and targets != "all":
       raise ValueError("objective.copy_gate needs objective.mlm_targets='all' (the copy "
                        "mechanism of All-Tokens MLM)")
     if str(c.get("rtd_positions", "all")) != "all":
       raise ValueError("objective.rtd_positions is an rtd setting; replaced_mlm chooses "
                        "its positions with objective.mlm_targets")
+
+  def __init__(self, config, tokenizer):
+    type(self).check_config(config)
+    c = config.objective
+    self.targets = str(c.get("mlm_targets", "masked"))
+    self.copy_gate = bool(c.get("copy_gate", False))
     super().__init__(config, tokenizer)
     self.name = "replaced_mlm"
     self.term_weights = {"mlm": 1.0, "dmlm": self.disc_weight}

@@ -288,6 +288,18 @@ def test_objective_specific_settings_are_checked_at_start_up():
     c.objective[key] = value
     with pytest.raises(cli.ConfigError, match=re.escape(expected)):
       checks.check(c, _devices(1))
+  from configs.ablations import electra as electra_ablations
+  for setting, key, value, expected in [
+      ("replace_mlm", "mlm_targets", "some", "objective.mlm_targets='some'"),
+      ("replace_mlm", "copy_gate", True, "objective.copy_gate needs"),
+      ("all_tokens_mlm", "rtd_positions", "masked", "objective.rtd_positions is an rtd"),
+  ]:
+    c = electra_ablations.get_config(f"tiny,setting={setting}").unlock()
+    c.mesh.shape = (1, 1, 1)
+    checks.check(c, _devices(1))  # the shipped setting passes
+    c.objective[key] = value
+    with pytest.raises(cli.ConfigError, match=re.escape(expected)):
+      checks.check(c, _devices(1))
 
 
 # ---------------------------------------------------------------------- divergence
