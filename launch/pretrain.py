@@ -54,11 +54,14 @@ def main(argv):
   for noisy in ("absl", "jax", "orbax", "grain", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   from launch import cli, trainer
+  from launch.data import badinput
   try:
     result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except cli.ConfigError as e:  # a start-up check: one line, exit 2, nothing written
     cli.fail(str(e))
   except FloatingPointError as e:  # diverged (guard.py): one line, exit 1
+    cli.fail(" ".join(str(e).split()), code=1)
+  except badinput.InputDataError as e:  # the input data, named (badinput.py): one line, exit 1
     cli.fail(" ".join(str(e).split()), code=1)
   ev = result["eval"]
   if ev:

@@ -46,7 +46,12 @@ _BLANK_LINES = re.compile(rb"\n[ \t\r\f\v]*\n")
 log = logging.getLogger(__name__)
 
 
-class BadDataError(ValueError):
+class InputDataError(ValueError):
+  """The input data cannot train this run (named: the file, the setting, the count). The
+  entry points print it as one line (exit 1) instead of a traceback."""
+
+
+class BadDataError(InputDataError):
   """Bad input under `data.bad_data="error"`: names the kind, the file and the offset."""
 
 

@@ -16,6 +16,7 @@ from encoders import hf as hf_lib
 from encoders import outdir
 from launch import cli
 from launch import data as data_lib
+from launch.data import badinput
 from launch import devices as devices_lib
 from launch.trainer import checkpoint as ckpt_lib
 from launch.trainer import checks
@@ -68,7 +69,12 @@ def prepare(config, workdir: str):
   pipeline, and the model sized to the tokenizer. -> (config, pipeline)"""
   config = ml_collections.ConfigDict(config.to_dict())  # a private, unlocked copy
   objectives.prepare_config(config)
-  pipeline = data_lib.make_pipeline(config, workdir)
+  try:
+    pipeline = data_lib.make_pipeline(config, workdir)
+  except badinput.InputDataError:
+    raise
+  except ValueError as e:  # the data cannot train this run (named): one line at the CLI
+    raise badinput.InputDataError(" ".join(str(e).split())) from e
   adopt_tokenizer(config, pipeline.tokenizer)
   return config, pipeline
 
@@ -211,9 +217,15 @@ def _bad_data_skipped(pipeline) -> int:
   count, where the source reports it)."""
   stats = getattr(pipeline, "stats", None) or {}
   bad = stats.get("bad_data") if hasattr(stats, "get") else None
-  if isinstance(bad, dict):
-    return int(sum(v for v in bad.values() if isinstance(v, (int, float))))
-  return int(bad) if isinstance(bad, (int, float)) else 0
+  if callable(getattr(pipeline, "bad_data", None)):  # with the shard readers' own counts
+    bad = pipeline.bad_data()
+  total = 0
+  for counts in (bad, stats.get("preprocess_bad_data") if hasattr(stats, "get") else None):
+    if isinstance(counts, dict):
+      total += int(sum(v for v in counts.values() if isinstance(v, (int, float))))
+    elif isinstance(counts, (int, float)):
+      total += int(counts)
+  return total
 
 
 def _run(config, workdir, devices, stop_after, phases, fp, accepted) -> Dict[str, Any]:

@@ -444,3 +444,21 @@ def test_config_json_written_only_once_accepted(tmp_path):
   with pytest.raises(cli.ConfigError):
     train.train_and_evaluate(small_config(), str(wd), _devices(1))
   assert not (wd / "config.json").exists() and not (wd / lock.LOCK_FILE).exists()
+
+
+def test_cli_input_data_that_cannot_train_is_one_line_with_exit_1(tmp_path):
+  """Data errors found after the start-up checks (here: every input file is binary) are
+  one `error:` line naming the file, exit 1, not a traceback."""
+  blob = tmp_path / "weights.bin"
+  blob.write_bytes(bytes(range(256)) * 64)
+  wd = tmp_path / "wd"
+  proc = subprocess.run(
+      [sys.executable, "-m", "launch.pretrain", "--config", "configs/bert.py:tiny-mlm",
+       "--workdir", str(wd), "--config.train.steps=2", "--config.data.source=text",
+       f"--config.data.files={blob}"],
+      check=False, capture_output=True, text=True, cwd=REPO)
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  err = proc.stderr.strip().splitlines()[-1]
+  assert err.startswith("error: ") and str(blob) in err, proc.stderr[-2000:]
+  assert not (wd / "checkpoints").exists()
