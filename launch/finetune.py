@@ -100,13 +100,16 @@ def load_data(config, tok, bad=None, report=None):
   else:
     raise ValueError(f"unknown finetune.task {f.task!r}")
   if evals is None:
+    if len(train) < 2:
+      raise fd.DataError(f"{names[0]}: {len(train)} usable row; holding out eval rows needs "
+                         "2 or more (or give finetune.eval_file)")
     tr, ev = fd.holdout(len(train), float(f.eval_fraction), int(f.split_seed))
     train, evals = [train[i] for i in tr], [train[i] for i in ev]
     names = (f"{names[0]} (training part)", f"{names[0]} (held-out part)")
   if int(f.max_train_rows) > 0:
     train = train[:int(f.max_train_rows)]
   if f.task == "sequence" and f.regression and len(evals) < 2:
-    raise ValueError(f"{names[1]}: {len(evals)} eval row; regression's correlations need 2 "
+    raise fd.DataError(f"{names[1]}: {len(evals)} eval row; regression's correlations need 2 "
                      "or more")
   # The label set: finetune.labels, else the training rows' labels (never the eval's).
   skipped, labels = {}, ()
@@ -499,8 +502,9 @@ def _run(config, workdir, devices, stop_after):
         log.warning("resuming with changed settings (train.allow_config_change): %s",
                     fp_lib.describe(accepted))
     if int(state.step) != int(pos["epoch"]) * steps_per_epoch + int(pos["batch"]):
+      from launch.cli import ConfigError
       manager.close()
-      raise ValueError(
+      raise ConfigError(
           f"{workdir}: the checkpoint of step {int(state.step)} was saved at epoch "
           f"{int(pos['epoch']) + 1} batch {pos['batch']}, which is step "
           f"{int(pos['epoch']) * steps_per_epoch + int(pos['batch'])} with this run's "
@@ -633,7 +637,13 @@ def main(argv):
   absl_logging.set_verbosity(absl_logging.INFO)
   for noisy in ("absl", "jax", "orbax", "grain", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
-  result = run(flags.FLAGS.config, flags.FLAGS.workdir)
+  from launch import cli
+  try:
+    result = run(flags.FLAGS.config, flags.FLAGS.workdir)
+  except (cli.ConfigError, outdir.OutputDirError) as e:  # settings / work directory: exit 2
+    cli.fail(" ".join(str(e).split()))
+  except (FloatingPointError, badinput.InputDataError) as e:  # diverged / the data: exit 1
+    cli.fail(" ".join(str(e).split()), code=1)
   if result.get("stopped"):
     print(f"stopped at epoch {result['epoch'] + 1}, batch {result['batch']} (step "
           f"{result['step']}): checkpoint saved; run the same command to resume")

@@ -37,6 +37,9 @@ import numpy as np
 from launch.data import badinput
 
 IGNORE = -100
+# Input that cannot train the run (a file with no usable rows, a label outside the label
+# set, ...): a ValueError the entry point prints as one line (exit 1).
+DataError = badinput.InputDataError
 
 
 # ---- tokenizer --------------------------------------------------------------------------
@@ -126,7 +129,7 @@ def _need_rows(rows: Sequence, what: str, bad: badinput.BadData, before: Dict[st
   if rows:
     return
   skipped = {k: v - before.get(k, 0) for k, v in bad.counts.items() if v > before.get(k, 0)}
-  raise ValueError(f"{what}: no usable rows" + (
+  raise DataError(f"{what}: no usable rows" + (
       f" ({', '.join(f'{v} {k}' for k, v in skipped.items())} skipped: data.bad_data="
       f"'skip')" if skipped else " (the input is empty)"))
 
@@ -139,7 +142,7 @@ def read_table(path: str, text: str = "text", pair: str = "", label: str = "labe
   before = dict(bad.counts)
   ext = os.path.splitext(path.removesuffix(".bz2").removesuffix(".gz"))[1].lower()
   if ext not in (".jsonl", ".json", ".csv", ".tsv"):
-    raise ValueError(f"{path}: unknown table format {ext!r}; use .csv, .tsv or .jsonl")
+    raise DataError(f"{path}: unknown table format {ext!r}; use .csv, .tsv or .jsonl")
   cols = (text, label) + ((pair,) if pair else ())
   rows = []
   if ext in (".jsonl", ".json"):
@@ -207,7 +210,7 @@ def _read_delimited(path: str, delimiter: str, cols: Tuple[str, ...],
       header = [h.strip() for h in rec]
       for c in cols:
         if c not in header:
-          raise ValueError(f"{where}: no column {c!r} (the header has {header})")
+          raise DataError(f"{where}: no column {c!r} (the header has {header})")
       at = {c: header.index(c) for c in cols}
       continue
     if len(rec) != len(header):
@@ -267,11 +270,11 @@ def read_squad(path: str, bad: Optional[badinput.BadData] = None) -> List[Row]:
   try:
     data = json.loads(raw.decode("utf-8"))
   except UnicodeDecodeError as e:
-    raise ValueError(f"{path}: not UTF-8 at byte {e.start} ({e.reason})") from None
+    raise DataError(f"{path}: not UTF-8 at byte {e.start} ({e.reason})") from None
   except json.JSONDecodeError as e:
-    raise ValueError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None
+    raise DataError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None
   if not isinstance(data, dict) or not isinstance(data.get("data"), list):
-    raise ValueError(f"{path}: not SQuAD JSON (no top-level 'data' list)")
+    raise DataError(f"{path}: not SQuAD JSON (no top-level 'data' list)")
   out = []
   for i, article in enumerate(data["data"]):
     paras = article.get("paragraphs") if isinstance(article, dict) else None
@@ -340,7 +343,7 @@ def read_tfds(name: str, split: str, data_dir: str = "", text: str = "sentence",
     try:
       source = tfds.data_source(name, split=split, data_dir=data_dir or None)
     except NotImplementedError as e:  # e.g. a tfrecord-only dataset
-      raise ValueError(f"TFDS dataset {name!r}: TensorFlow is not installed, and without "
+      raise DataError(f"TFDS dataset {name!r}: TensorFlow is not installed, and without "
                        f"it only array_record datasets can be read ({e})") from e
     examples = (source[i] for i in range(len(source)))
   rows = []
@@ -349,7 +352,7 @@ def read_tfds(name: str, split: str, data_dir: str = "", text: str = "sentence",
     at = f"{where} example {i}"
     missing = [c for c in cols if c not in ex]
     if missing:
-      raise ValueError(f"TFDS {name}: no feature {missing[0]!r} (it has {sorted(ex)}); set "
+      raise DataError(f"TFDS {name}: no feature {missing[0]!r} (it has {sorted(ex)}); set "
                        "finetune.text_column / text_pair_column / label_column")
     try:
       dec = lambda v: v.decode("utf-8") if isinstance(v, bytes) else v
@@ -372,7 +375,7 @@ def holdout(n: int, fraction: float, seed: int) -> Tuple[np.ndarray, np.ndarray]
   if not 0 < fraction < 1:
     raise ValueError(f"eval fraction must be in (0, 1), got {fraction}")
   if n < 2:
-    raise ValueError(f"{n} row(s) cannot be split into train and eval rows; give more rows "
+    raise DataError(f"{n} row(s) cannot be split into train and eval rows; give more rows "
                      "or finetune.eval_file")
   perm = np.random.default_rng(seed).permutation(n)
   k = min(n - 1, max(1, int(round(n * fraction))))
@@ -477,7 +480,7 @@ def _check_known(rows, labels_of, labels: Sequence[str], source: str, what: str,
              "name every class in finetune.labels, or set finetune.unknown_eval_labels="
              "'skip' to skip and count such eval rows")
       among = source if source == "finetune.labels" else f"the {source} labels"
-      raise ValueError(f"{where}: {what} label {new[0]!r} is not among {among} "
+      raise DataError(f"{where}: {what} label {new[0]!r} is not among {among} "
                        f"{list(labels)[:20]} ({fix})")
     for x in sorted(set(new)):
       skipped[x] = skipped.get(x, 0) + 1
@@ -500,7 +503,7 @@ def class_labels(train, evals, given=(), bad: Optional[badinput.BadData] = None,
     _check_known(train, lambda r: [r["label"]], labels, "finetune.labels", "training",
                  "error", skipped)
   elif len(labels) < 2:
-    raise ValueError(f"{names[0]}: {len(labels)} distinct label(s) {list(labels)}; "
+    raise DataError(f"{names[0]}: {len(labels)} distinct label(s) {list(labels)}; "
                      "classification needs 2 or more (or name them in finetune.labels)")
   evals = _check_known(evals, lambda r: [r["label"]], labels,
                        "finetune.labels" if given else "training", "eval", unknown, skipped)
@@ -510,7 +513,7 @@ def class_labels(train, evals, given=(), bad: Optional[badinput.BadData] = None,
 
 def _need_known(evals, what: str, skipped: Dict[str, int]):
   if not evals:
-    raise ValueError(f"{what}: no rows left after skipping {sum(skipped.values())} with "
+    raise DataError(f"{what}: no rows left after skipping {sum(skipped.values())} with "
                      f"labels outside the label set ({sorted(skipped)[:5]}...)")
 
 
@@ -524,7 +527,7 @@ def regression_labels(rows, what: str):
     if not ok and isinstance(v, str) and _NUMBER.fullmatch(v.strip()):
       v, ok = float(v), True
     if not ok or not math.isfinite(float(v)):
-      raise ValueError(f"{getattr(r, 'where', '') or what}: regression label {r['label']!r}"
+      raise DataError(f"{getattr(r, 'where', '') or what}: regression label {r['label']!r}"
                        " is not a finite number")
     r["label"] = float(v)
   return rows

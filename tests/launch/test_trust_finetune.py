@@ -592,3 +592,20 @@ def test_squad_that_is_not_utf8_names_file_and_byte(tmp_path):
   (tmp_path / "q.json").write_bytes(b'{"data": [{"title": "caf\xe9"}]}')
   with pytest.raises(ValueError, match=r"q\.json: not UTF-8 at byte 24"):
     fd.read_squad(str(tmp_path / "q.json"))
+
+
+def test_the_command_says_a_data_error_in_one_line_naming_the_file(tmp_path, bert):
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  path = _csv(tmp_path / "one.csv", ["good,pos"])
+  p = subprocess.run([sys.executable, "-m", "launch.finetune", "--config",
+                      "configs/finetune.py:sequence", f"--config.init_from={bert}",
+                      f"--workdir={tmp_path / 'run'}", f"--config.finetune.train_file={path}",
+                      "--config.data.seq_len=32"], cwd=root, capture_output=True, text=True,
+                     timeout=300, env=dict(os.environ, PYTHONPATH=root))
+  assert p.returncode == 1, p.stderr[-2000:]
+  assert p.stderr.strip().splitlines()[-1] == (
+      f"error: {path}: 1 usable row; holding out eval rows needs 2 or more (or give "
+      "finetune.eval_file)")
+  assert "Traceback" not in p.stderr
