@@ -184,9 +184,13 @@ def majority_baseline(ft, workdir):
                        label=str(ft.get("label_column", "label")))
   tr, ev = fd.holdout(len(rows), float(ft.get("eval_fraction", 0.2)),
                       int(ft.get("split_seed", 0)))
-  labels = [str(rows[i]["label"]) for i in tr]
-  top = max(set(labels), key=labels.count)
-  return float(np.mean([str(rows[i]["label"]) == top for i in ev]))
+  # Class names as fine-tuning makes them (1, "1" and 1.0 are one class); a tie goes to
+  # the first name in sorted order, not to whatever a set's hash order gives this process.
+  name = lambda i: fd.canonical_label(rows[i]["label"])
+  labels = [name(i) for i in tr]
+  counts = {n: labels.count(n) for n in sorted(set(labels) - {None})}
+  top = max(counts, key=counts.get)
+  return float(np.mean([name(i) == top for i in ev]))
 
 
 def finetune_config(ft, init_from, data_file, seed):

@@ -290,3 +290,19 @@ def test_workers_get_the_command_line_without_the_runners_flags():
                              "--devices_per_arm=2", "--config.scale.steps=5", "--arms",
                              "a,b", "--platform", "cpu"])
   assert got == ["--config", "s.py", "--workdir=w", "--config.scale.steps=5"]
+
+
+def test_majority_baseline_counts_one_class_per_value(tmp_path, monkeypatch):
+  """1, "1" and 1.0 are one class for the baseline as for fine-tuning."""
+  from launch.ablation import arm as arm_lib
+  from launch.data import finetune_data as fd
+  path = tmp_path / "d.csv"
+  values = ["1", "1.0", "1", "2"] * 10
+  path.write_text("\n".join(["text,label"] + [f"t{i},{v}" for i, v in enumerate(values)])
+                  + "\n")
+  monkeypatch.setattr(arm_lib, "downstream_file", lambda ft, wd: str(path))
+  got = arm_lib.majority_baseline({"eval_fraction": 0.25, "split_seed": 0}, str(tmp_path))
+  _, ev = fd.holdout(len(values), 0.25, 0)
+  want = sum(values[i] in ("1", "1.0") for i in ev) / len(ev)  # "1.0" rows are class 1
+  assert want != sum(values[i] == "1" for i in ev) / len(ev)  # the case tells them apart
+  assert got == want
