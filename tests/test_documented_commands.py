@@ -41,8 +41,6 @@ DOCS = ["README.md"] + sorted(os.path.relpath(p, ROOT)
 SHELL = {"bash", "sh", "shell", "console"}
 TIMEOUT = 900
 
-pytestmark = pytest.mark.docs_commands
-
 
 # ---- what cannot run here, and why --------------------------------------------------------
 
@@ -58,13 +56,12 @@ NOT_RUN = {
     r"^python3? -m venv \.venv$": "makes a fresh environment: CI makes its own with this "
                                   "exact chain (.ci/run), the commands here run in it",
     r"^(\.|source) \.venv/bin/activate$": "activates the environment the tests run in",
-    r"^python3? -m pytest\b.*--collect-only": "",  # never listed: run (see _pytest)
 }
 
 
 def not_run_reason(part):
   for pattern, reason in NOT_RUN.items():
-    if reason and re.search(pattern, part):
+    if re.search(pattern, part):
       return reason
   return None
 
@@ -914,15 +911,27 @@ def _run(cmd):
   return "\n".join(outputs)
 
 
+def libtpu():
+  """launch.aot's TPU compiler: the environment's libtpu, else installed into the
+  repository's .cache/libtpu as tests/launch/test_aot.py does (docs/benchmarks.md)."""
+  from launch import aot
+  path = aot.find_libtpu()
+  if path:
+    return path
+  target = os.path.dirname(os.path.dirname(aot.LOCAL_LIBTPU))
+  p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", target,
+                      aot.libtpu_requirement()], capture_output=True, text=True, timeout=900)
+  path = aot.find_libtpu()
+  if not path:
+    pytest.fail(f"libtpu could not be installed: {(p.stderr or p.stdout)[-500:]}")
+  return path
+
+
 def _extra_env(cmd, key):
   env = {"ENCODER_ZOO_FINETUNE_DATA": os.path.join(area(cmd.doc), ".cache",
                                                    "finetune_data")}
-  if key in ("launch.aot",):
-    from launch import aot
-    path = aot.find_libtpu()
-    if not path:
-      pytest.skip("libtpu is not installed (pip install -e '.[tpu]'); launch.aot needs it")
-    env.update(TPU_LIBRARY_PATH=path, XLA_FLAGS="")
+  if key == "launch.aot":
+    env.update(TPU_LIBRARY_PATH=libtpu(), XLA_FLAGS="")
   return env
 
 
@@ -1103,6 +1112,7 @@ def _params():
   return out
 
 
+@pytest.mark.docs_commands
 @pytest.mark.parametrize("cmd", _params())
 def test_documented_command(cmd, request):
   if request.node.callspec.id.endswith("[here]"):
