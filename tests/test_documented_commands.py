@@ -159,7 +159,7 @@ def _loop(lines):
   return [(",".join(c.values()), _expand_vars(b, c)) for c in combos for b in body]
 
 
-def _commands_of_block(doc, first, lines):
+def _commands_of_block(first, lines):
   env, out = {}, []
   logical = _logical_lines(lines, first)
   i = 0
@@ -223,7 +223,7 @@ def collect():
     for lang, start, body in _blocks(lines):
       if lang in SHELL:
         found += [(n, text, label, cmd, start)
-                  for n, text, label, cmd in _commands_of_block(doc, start, body)]
+                  for n, text, label, cmd in _commands_of_block(start, body)]
     found += [(n, text, "", text, 0) for n, text in _inline(doc, lines)]
     found.sort(key=lambda f: f[0])
     for n, text, label, cmd, block in found:
@@ -338,7 +338,7 @@ def pretrained_run(config):
   """A finished tiny pretraining run's workdir (for `launch.rtd_eval`, `launch.convert`)."""
   def make(path):
     argv = ["python", "-m", "launch.pretrain", "--config", config, "--workdir", path]
-    _check_run(argv, tiny_pretrain(argv, config), ROOT, {}, "a pretraining run")
+    _check_run(tiny_pretrain(argv, config), ROOT, {}, "a pretraining run")
     return path
   return _once("run_" + re.sub(r"\W", "_", config), make)
 
@@ -708,7 +708,8 @@ def _env(extra):
   return env
 
 
-def _check_run(argv, run_argv, cwd, extra_env, cid, timeout=TIMEOUT):
+def _check_run(run_argv, cwd, extra_env, cid, timeout=TIMEOUT):
+  """Runs one command (leading VAR=value words set its environment); -> its output."""
   words = list(run_argv)
   env = {}
   while words and re.match(r"^[A-Z_]+=", words[0]):
@@ -903,7 +904,7 @@ def _run(cmd):
       outputs.append(f"(same command as {same})")
       continue
     extra = _extra_env(cmd, key)
-    out = _check_run(part, argv, area(cmd.doc), extra, cmd.id)
+    out = _check_run(argv, area(cmd.doc), extra, cmd.id)
     if "--help" not in argv:
       CHECKS.get(key, lambda *a: None)(argv, out, cmd, area(cmd.doc))
     _RESULTS[_same_key(argv)] = cmd.id
@@ -1040,7 +1041,7 @@ def carried_training(cmd):
   resume = os.path.isdir(os.path.join(_value(argv, "--workdir"), "checkpoints"))
   if resume:
     _set(argv, "--config.train.steps", "5")
-  got = _check_run(argv, argv, area(cmd.doc), {}, cmd.id + "[here]")
+  got = _check_run(argv, area(cmd.doc), {}, cmd.id + "[here]")
   check_pretrain(argv, got, cmd, area(cmd.doc))
   if resume:
     assert re.search(r"resumed from step [1-9]", got), f"{cmd.id}: did not resume:\n{got[-3000:]}"
