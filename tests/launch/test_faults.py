@@ -18,7 +18,7 @@ import pytest
 from launch.trainer import checkpoint as ckpt_lib
 from launch.trainer import metrics as metrics_lib
 from launch.trainer import step as step_lib
-from tests.launch.test_multiprocess import OVERRIDES, ROOT, _free_port, tiny_config
+from tests.launch.test_multiprocess import OVERRIDES, ROOT, _finish, _free_port, tiny_config
 
 CKPT = ml_collections.ConfigDict({"keep": 3, "use_async": True})
 
@@ -113,18 +113,6 @@ def _launch(workdir, steps, tag, n=2):
        "--process_id", str(i)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
       for i, log in enumerate(logs)]
   return procs, logs
-
-
-def _finish(procs, logs):
-  out = []
-  for p, log in zip(procs, logs):
-    p.wait(timeout=600)
-    log.seek(0)
-    text = log.read()
-    log.close()
-    assert p.returncode == 0, text[-3000:]
-    out.append(text)
-  return out
 
 
 def _weights(workdir):

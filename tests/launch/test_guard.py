@@ -2,7 +2,6 @@
 no checkpoint holding NaN."""
 import os
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -14,6 +13,7 @@ from launch.trainer import checkpoint as ckpt_lib
 from launch.trainer import guard
 from launch.trainer import metrics as metrics_lib
 from launch.trainer import step as step_lib
+from tests.launch import fault_helpers
 from tests.launch.test_train import _devices, _workdir, small_config, tokenizer_cache  # noqa: F401
 
 
@@ -76,21 +76,7 @@ def test_checkpoint_with_nan_is_never_written(tmp_path):
 
 def _poison_step(monkeypatch, bad_call):
   """The `bad_call`-th train step (1-based) gets NaN gradients."""
-  from jax.experimental import io_callback
-  calls = {"n": 0}
-
-  def flag():
-    calls["n"] += 1
-    return np.float32(np.nan if calls["n"] == bad_call else 1.0)
-
-  orig = step_lib.gradients
-
-  def poisoned(*args):
-    grads, metrics = orig(*args)
-    f = io_callback(flag, jax.ShapeDtypeStruct((), jnp.float32), ordered=True)
-    return jax.tree.map(lambda g: g * f, grads), metrics
-
-  monkeypatch.setattr(step_lib, "gradients", poisoned)
+  fault_helpers.poison_gradients(monkeypatch, lambda n: n == bad_call)
 
 
 @pytest.mark.slow  # ~1 min under load; the select/check/save unit tests stay default

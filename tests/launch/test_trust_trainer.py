@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from launch.trainer import guard
 from launch.trainer import lock
 from launch.trainer import loop
 from launch.trainer import metrics as metrics_lib
-from launch.trainer import step as step_lib
+from tests.launch import fault_helpers
 from tests.launch.test_train import _devices, _workdir, small_config, tokenizer_cache  # noqa: F401
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -306,21 +305,7 @@ def test_objective_specific_settings_are_checked_at_start_up():
 
 def _poison_from(monkeypatch, first_bad):
   """Train steps from the `first_bad`-th call on (1-based) get NaN gradients."""
-  from jax.experimental import io_callback
-  calls = {"n": 0}
-
-  def flag():
-    calls["n"] += 1
-    return np.float32(np.nan if calls["n"] >= first_bad else 1.0)
-
-  orig = step_lib.gradients
-
-  def poisoned(*args):
-    grads, metrics = orig(*args)
-    f = io_callback(flag, jax.ShapeDtypeStruct((), jnp.float32), ordered=True)
-    return jax.tree.map(lambda g: g * f, grads), metrics
-
-  monkeypatch.setattr(step_lib, "gradients", poisoned)
+  fault_helpers.poison_gradients(monkeypatch, lambda n: n >= first_bad)
 
 
 def test_consecutive_skips_stop_the_run_and_are_shown(tmp_path, tokenizer_cache,  # noqa: F811
