@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from launch.trainer import checkpoint as ckpt_lib
-from launch.trainer import metrics as metrics_lib
 from launch.trainer import step as step_lib
-from tests.launch.test_multiprocess import OVERRIDES, ROOT, _finish, _free_port, tiny_config
+from tests.launch.test_multiprocess import (OVERRIDES, ROOT, _finish, _free_port,
+                                            preempt_one, tiny_config)
 
 CKPT = ml_collections.ConfigDict({"keep": 3, "use_async": True})
 
@@ -138,22 +138,8 @@ def test_sigterm_to_one_process_saves_one_step_everywhere_and_resumes_exactly(tm
   _finish(*_launch(ref, steps, "ref"))
   wd = str(tmp_path / "run")
   shutil.copytree(template, wd)
-  procs, logs = _launch(wd, steps, "pre")
-  deadline = time.time() + 1200  # start-up and compile take minutes under heavy load
-  try:
-    while True:  # wait until training runs, then preempt process 1 only
-      done = [r["step"] for r in metrics_lib.read(wd) if r.get("split") == "train"] if \
-          os.path.exists(os.path.join(wd, metrics_lib.JSONL)) else []
-      if done and max(done) >= 3:
-        break
-      assert time.time() < deadline and all(p.poll() is None for p in procs)
-      time.sleep(0.05)
-  except BaseException:
-    for p in procs:
-      p.kill()
-    raise
-  procs[1].send_signal(signal.SIGTERM)
-  texts = _finish(procs, logs)
+  # start-up and compile take minutes under heavy load
+  texts = preempt_one(wd, *_launch(wd, steps, "pre"), timeout_s=1200)
   saved = [int(t.split("stop requested: checkpoint of step ")[1].split()[0]) for t in texts]
   assert saved[0] == saved[1] < steps, saved  # the same step on both processes
   assert "SIGTERM" in texts[1] and "preemption: all 2 processes stop" in texts[0]

@@ -2,9 +2,11 @@
 run the real entry point: per-process data shards, one global batch, a shared checkpoint,
 and a resume."""
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -100,15 +102,32 @@ def _finish(procs, logs):
   return texts
 
 
+def preempt_one(wd, procs, logs, timeout_s):
+  """Waits until the run in `wd` has logged step 3, sends SIGTERM to process 1 only, and
+  returns every process's log (each must exit 0)."""
+  deadline = time.time() + timeout_s
+  try:
+    while True:
+      done = [r["step"] for r in metrics_lib.read(wd) if r.get("split") == "train"] if \
+          os.path.exists(os.path.join(wd, metrics_lib.JSONL)) else []
+      if done and max(done) >= 3:
+        break
+      assert time.time() < deadline and all(p.poll() is None for p in procs)
+      time.sleep(0.05)
+  except BaseException:
+    for p in procs:
+      p.kill()
+    raise
+  procs[1].send_signal(signal.SIGTERM)
+  return _finish(procs, logs)
+
+
 @pytest.mark.slow  # a preprocessing run and three two-process runs: minutes under load
 def test_two_processes_train_on_shards_sigterm_and_resume_bitwise(tmp_path):
   """launch.preprocess writes ArrayRecord shards (pairs, its own tokenizer); two processes
   train on them (each reads its share), one gets SIGTERM, both save one step, the resumed
   run ends bit for bit where an uninterrupted one does, and both evaluate on the held-out
   shards."""
-  import signal
-  import time
-
   import numpy as np
   from safetensors.numpy import load_file
 
@@ -122,22 +141,7 @@ def test_two_processes_train_on_shards_sigterm_and_resume_bitwise(tmp_path):
   ref = str(tmp_path / "ref")
   _finish(*_launch(ref, steps, "ref", extra))
   wd = str(tmp_path / "run")
-  procs, logs = _launch(wd, steps, "pre", extra)
-  deadline = time.time() + 900
-  try:
-    while True:  # wait until training runs, then preempt process 1 only
-      done = [r["step"] for r in metrics_lib.read(wd) if r.get("split") == "train"] if \
-          os.path.exists(os.path.join(wd, metrics_lib.JSONL)) else []
-      if done and max(done) >= 3:
-        break
-      assert time.time() < deadline and all(p.poll() is None for p in procs)
-      time.sleep(0.05)
-  except BaseException:
-    for p in procs:
-      p.kill()
-    raise
-  procs[1].send_signal(signal.SIGTERM)
-  texts = _finish(procs, logs)
+  texts = preempt_one(wd, *_launch(wd, steps, "pre", extra), timeout_s=900)
   saved = [int(t.split("stop requested: checkpoint of step ")[1].split()[0]) for t in texts]
   assert saved[0] == saved[1] < steps, saved
   assert not os.path.exists(os.path.join(wd, "hf"))
