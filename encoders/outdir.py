@@ -45,16 +45,25 @@ def writer_of(path: str) -> str | None:
     return None
 
 
-def check_target(path: str, what: str) -> None:
-  """Raises OutputDirError unless `path` is absent, an empty directory, or ours."""
+def check_target(path: str, what: str, writers=None) -> None:
+  """Raises OutputDirError unless `path` is absent, an empty directory, or ours; with
+  `writers` (name prefixes), ours only when its marker names one of them (a directory
+  holding nothing but a marker counts as empty)."""
   if not os.path.lexists(path):
     return
   if os.path.islink(path) or not os.path.isdir(path):
     raise OutputDirError(f"{what} {path} exists and is not a directory; choose a new path")
-  if os.listdir(path) and not is_ours(path):
+  names = os.listdir(path)
+  if names and not is_ours(path):
     raise OutputDirError(
         f"{what} {path} is a non-empty directory this project did not write (no {MARKER} "
         "marker); refusing to overwrite it: choose a new or empty directory")
+  writer = writer_of(path) or ""
+  if (writers is not None and names not in ([], [MARKER])
+      and not writer.startswith(tuple(writers))):
+    raise OutputDirError(
+        f"{what} {path} holds the output of {writer or 'another tool'}; refusing to write "
+        "into it: choose a new or empty directory")
 
 
 def write_marker(path: str, what: str) -> None:
@@ -107,11 +116,12 @@ def atomic_dir(path: str, what: str, check=None):
     raise
 
 
-def claim_dir(path: str, what: str) -> str:
-  """Creates `path` with the marker, or accepts it when it is empty or already ours.
-  -> the absolute path. Raises OutputDirError for anything else."""
+def claim_dir(path: str, what: str, writers=None) -> str:
+  """Creates `path` with the marker, or accepts it when it is empty or already ours (with
+  `writers`: marked by one of them, as `check_target`). -> the absolute path. Raises
+  OutputDirError for anything else."""
   path = os.path.abspath(path)
-  check_target(path, what)
+  check_target(path, what, writers)
   os.makedirs(path, exist_ok=True)
   if not is_ours(path):
     write_marker(path, what)

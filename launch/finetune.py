@@ -353,7 +353,7 @@ def _claim_workdir(workdir: str) -> str:
       d = os.path.join(workdir, sub)
       if os.path.isfile(os.path.join(d, "config.json")) and not outdir.is_ours(d):
         outdir.write_marker(d, WRITER)
-  workdir = outdir.claim_dir(workdir, WRITER)
+  workdir = outdir.claim_dir(workdir, WRITER, writers=(WRITER,))
   for sub in ("best", "hf"):
     outdir.check_target(os.path.join(workdir, sub), f"the run's {sub}/ export")
   return workdir

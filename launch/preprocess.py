@@ -67,15 +67,10 @@ def claim_out(out: str) -> str:
   -> the path to write to (absolute when local)."""
   from encoders import outdir  # pylint: disable=g-import-not-at-top
   if "://" not in out:
-    if os.path.isdir(out) and outdir.is_ours(out):
-      writer = outdir.writer_of(out) or ""
-      if not writer.startswith(WRITER) and os.listdir(out) != [outdir.MARKER]:
-        raise outdir.OutputDirError(
-            f"{WRITER} --out {out} holds the output of {writer or 'another tool'}; refusing "
-            "to write shards into it: choose a new or empty directory")
-    elif os.path.isdir(out) and _looks_like_our_output(os.listdir(out)):
+    if (os.path.isdir(out) and not outdir.is_ours(out)
+        and _looks_like_our_output(os.listdir(out))):
       outdir.write_marker(out, WRITER)
-    return outdir.claim_dir(out, f"{WRITER} --out")
+    return outdir.claim_dir(out, f"{WRITER} --out", writers=(WRITER,))
   from etils import epath  # pylint: disable=g-import-not-at-top
   path = epath.Path(out)
   if path.exists():

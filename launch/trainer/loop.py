@@ -107,9 +107,10 @@ def ownership(workdir: str) -> str:
     return "remote"
   real = os.path.realpath(workdir)  # a link to a directory is that directory: never replaced
   try:
-    outdir.check_target(real, WORKDIR_WHAT)
+    outdir.check_target(real, WORKDIR_WHAT, writers=(WORKDIR_WHAT,))
   except outdir.OutputDirError as e:
-    if os.path.isdir(real) and set(os.listdir(real)) <= TRAINER_ENTRIES:
+    if (os.path.isdir(real) and not outdir.is_ours(real)
+        and set(os.listdir(real)) <= TRAINER_ENTRIES):
       return "legacy"
     raise cli.ConfigError(str(e).replace(real, workdir)) from None
   return "ours" if outdir.is_ours(real) else "new"

@@ -115,3 +115,16 @@ def test_a_writers_own_check_runs_before_and_at_the_swap(tmp_path):
       (out / "checkpoints").mkdir()
   assert seen == [str(out), str(out)]
   assert (out / "checkpoints").is_dir() and not (out / "model.txt").exists()
+
+
+def test_writers_limit_which_marked_directories_count_as_ours(tmp_path):
+  shards = tmp_path / "shards"
+  outdir.claim_dir(str(shards), "launch.preprocess --out")
+  (shards / "train-00000.arrayrecord").write_text("rows")
+  with pytest.raises(outdir.OutputDirError, match="holds the output of launch.preprocess"):
+    outdir.claim_dir(str(shards), "work directory", writers=("work directory",))
+  assert outdir.writer_of(str(shards)) == "launch.preprocess --out"
+  assert outdir.claim_dir(str(shards), "w", writers=("launch.preprocess",)) == str(shards)
+  marked_only = tmp_path / "m"
+  outdir.claim_dir(str(marked_only), "other")
+  outdir.claim_dir(str(marked_only), "w", writers=("w",))  # only a marker: counts as empty
