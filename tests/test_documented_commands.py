@@ -529,19 +529,20 @@ def tiny_preprocess(argv):
   return argv
 
 
+# launch.aot / launch.bench: 2 layers of width 64 (their programs keep the recipe's shape)
+MODEL_SMALL = {"model.num_hidden_layers": "2", "model.hidden_size": "64",
+               "model.num_attention_heads": "2", "model.intermediate_size": "128"}
+
+
 def tiny_aot(argv):
-  argv = _tiny_config(argv, {"model.num_hidden_layers": "2", "model.hidden_size": "64",
-                             "model.num_attention_heads": "2",
-                             "model.intermediate_size": "128"})
+  argv = _tiny_config(argv, MODEL_SMALL)
   _set(argv, "--global_batch", "8")
   _set(argv, "--seq", "128")
   return argv
 
 
 def tiny_bench(argv):
-  argv = _tiny_config(argv, {"model.num_hidden_layers": "2", "model.hidden_size": "64",
-                             "model.num_attention_heads": "2",
-                             "model.intermediate_size": "128"})
+  argv = _tiny_config(argv, MODEL_SMALL)
   if "loop" in argv:
     argv = _tiny_config(argv, {"data.seq_len": "32", "data.global_batch": "8",
                                "data.max_documents": "80", "tokenizer.vocab_size": "600",
