@@ -228,7 +228,7 @@ def main():
   p.add_argument("--out", default=os.path.join(ROOT, ".cache", "finetune_runs"))
   args = p.parse_args()
   frameworks = check_frameworks(args.frameworks)
-  from launch import hostmem
+  from launch.trainer import hostmem
   hostmem.tune_malloc()  # before JAX starts, as launch.finetune's main (both share it)
   args.model = args.model or minilm_dir()
   results = collections.defaultdict(dict)

@@ -22,7 +22,7 @@ def main():
   p.add_argument("--iters", type=int, default=8)
   p.add_argument("--model", default="", help="HF dir (default: all-MiniLM-L6-v2)")
   a = p.parse_args()
-  from launch import hostmem
+  from launch.trainer import hostmem
   hostmem.tune_malloc()  # as launch.finetune (before JAX starts)
   import numpy as np
   from tests.encoders.test_minilm import minilm_dir

@@ -40,7 +40,7 @@ def _worker_argv(args):
 def main(argv):
   del argv
   from absl import flags
-  from launch import hostmem
+  from launch.trainer import hostmem
   hostmem.tune_malloc()
   from absl import logging as absl_logging
   absl_logging.set_verbosity(absl_logging.INFO)

@@ -52,9 +52,6 @@ from objectives import losses
 from objectives import task_metrics as tm
 
 log = logging.getLogger("encoder_zoo")
-SELECTION = {"sequence": "accuracy", "regression": "pearson", "token": "entity_f1",
-             "qa": "f1"}
-FORMATS = {"sequence": ("table", "tfds"), "token": ("conll",), "qa": ("squad",)}
 WRITER = "launch.finetune"  # the work directory's and its exports' marker
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json",
                    "special_tokens_map.json", "merges.txt", "vocab.json", "spiece.model")
@@ -65,127 +62,6 @@ class _TokenizerInfo:
 
   def __init__(self, tok, pad_id):
     self.tok, self.pad_id, self.vocab_size = tok, pad_id, tok.get_vocab_size()
-
-
-def load_data(config, tok, bad=None, report=None):
-  """-> (train arrays, eval arrays, eval info for scoring, labels). Bad rows follow
-  `bad` (a badinput.BadData: data.bad_data); `report` (a dict) receives what was skipped:
-  per kind of bad input, and eval rows whose label is outside the label set."""
-  f, m = config.finetune, config.model
-  seq_len, pad = int(config.data.seq_len), int(m.pad_token_id)
-  bad = bad if bad is not None else badinput.BadData.from_config(config.data)
-  report = {} if report is None else report
-  unknown = str(f.get("unknown_eval_labels", "error"))
-  if f.task == "sequence":
-    if f.data_format == "tfds":
-      read = lambda split: fd.read_tfds(f.tfds_name, split, f.tfds_data_dir, f.text_column,
-                                        f.text_pair_column, f.label_column, bad=bad)
-      train, evals = read(f.tfds_train_split), (read(f.tfds_eval_split)
-                                                if f.tfds_eval_split else None)
-      names = (f"TFDS {f.tfds_name} split {f.tfds_train_split!r}",
-               f"TFDS {f.tfds_name} split {f.tfds_eval_split!r}")
-    else:
-      read = lambda p: fd.read_table(p, f.text_column, f.text_pair_column, f.label_column,
-                                     bad=bad)
-      train, evals = read(f.train_file), (read(f.eval_file) if f.eval_file else None)
-      names = (f.train_file, f.eval_file)
-  elif f.task == "token":
-    train = fd.read_conll(f.train_file, bad=bad)
-    evals = fd.read_conll(f.eval_file, bad=bad) if f.eval_file else None
-    names = (f.train_file, f.eval_file)
-  elif f.task == "qa":
-    train = fd.read_squad(f.train_file, bad=bad)
-    evals = fd.read_squad(f.eval_file, bad=bad) if f.eval_file else None
-    names = (f.train_file, f.eval_file)
-  else:
-    raise ValueError(f"unknown finetune.task {f.task!r}")
-  if evals is None:
-    if len(train) < 2:
-      raise fd.DataError(f"{names[0]}: {len(train)} usable row; holding out eval rows needs "
-                         "2 or more (or give finetune.eval_file)")
-    tr, ev = fd.holdout(len(train), float(f.eval_fraction), int(f.split_seed))
-    train, evals = [train[i] for i in tr], [train[i] for i in ev]
-    names = (f"{names[0]} (training part)", f"{names[0]} (held-out part)")
-  if int(f.max_train_rows) > 0:
-    train = train[:int(f.max_train_rows)]
-  if f.task == "sequence" and f.regression and len(evals) < 2:
-    raise fd.DataError(f"{names[1]}: {len(evals)} eval row; regression's correlations need 2 "
-                     "or more")
-  # The label set: finetune.labels, else the training rows' labels (never the eval's).
-  skipped, labels = {}, ()
-  if f.task == "sequence" and f.regression:
-    train, evals = fd.regression_labels(train, names[0]), fd.regression_labels(evals, names[1])
-  elif f.task == "sequence":
-    labels, train, evals = fd.class_labels(train, evals, tuple(f.labels), bad, unknown,
-                                           skipped, names)
-  elif f.task == "token":
-    labels, train, evals = fd.tag_labels(train, evals, tuple(f.labels), unknown, skipped,
-                                         names)
-  report["bad_data"] = {k: v for k, v in bad.counts.items() if v}
-  report["skipped_bad_rows"] = bad.total
-  report["skipped_eval_rows"] = sum(skipped.values())
-  report["unknown_eval_labels"] = dict(sorted(skipped.items()))
-  if bad.total or skipped:
-    log.warning("fine-tuning data: skipped %d bad row(s) %s and %d eval row(s) with labels "
-                "outside the label set %s", bad.total, report["bad_data"],
-                report["skipped_eval_rows"], report["unknown_eval_labels"])
-  if f.task == "sequence":
-    enc = lambda rows: fd.encode_sequence(tok, rows, seq_len, pad, labels, f.regression)
-    return enc(train), enc(evals), {"rows": evals}, labels
-  if f.task == "token":
-    tr_arr, _ = fd.encode_tokens(tok, train, seq_len, pad, labels)
-    ev_arr, firsts = fd.encode_tokens(tok, evals, seq_len, pad, labels)
-    return tr_arr, ev_arr, {"rows": evals, "firsts": firsts}, labels
-  tr_arr, _ = fd.encode_qa(tok, train, seq_len, pad, int(f.stride))
-  ev_arr, meta = fd.encode_qa(tok, evals, seq_len, pad, int(f.stride))
-  return tr_arr, ev_arr, {"rows": evals, "meta": meta}, labels
-
-
-def score(config, outputs, info, labels):
-  """(metrics, prediction records) from the eval rows' model outputs (numpy)."""
-  f = config.finetune
-  rows = info["rows"]
-  if f.task == "sequence" and f.regression:
-    pred = outputs["logits"][:, 0]
-    gold = np.asarray([float(r["label"]) for r in rows])
-    return tm.regression(gold, pred), [{"label": float(g), "prediction": float(p)}
-                                       for g, p in zip(gold, pred)]
-  if f.task == "sequence":
-    index = {n: i for i, n in enumerate(labels)}
-    gold = np.asarray([index[str(r["label"])] for r in rows])
-    pred = outputs["logits"].argmax(-1)
-    metrics = tm.classification(gold, pred, len(labels))
-    metrics["confusion"] = tm.confusion_matrix(gold, pred, len(labels)).tolist()
-    return metrics, [{"text": r["text"][:200], "label": str(r["label"]),
-                      "prediction": labels[p]} for r, p in zip(rows, pred)]
-  if f.task == "token":
-    pred_ids = outputs["logits"].argmax(-1)
-    golds, preds = [], []
-    for i, ((words, tags), first) in enumerate(zip(rows, info["firsts"])):
-      golds.append(list(tags))
-      preds.append([labels[pred_ids[i, p]] if p >= 0 else "O" for p in first])
-    return tm.entity_f1(golds, preds), [{"words": w, "tags": g, "prediction": p}
-                                        for (w, _), g, p in zip(rows, golds, preds)]
-  best = {}
-  for w, meta in enumerate(info["meta"]):
-    ex = rows[meta["example"]]
-    spans, null = fd.best_spans(outputs["start_logits"][w], outputs["end_logits"][w], meta,
-                                ex["context"], int(f.n_best), int(f.max_answer_length))
-    cur = best.setdefault(meta["example"], {"span": None, "null": math.inf})
-    cur["null"] = min(cur["null"], null)
-    if spans and (cur["span"] is None or spans[0]["score"] > cur["span"]["score"]):
-      cur["span"] = spans[0]
-  preds = []
-  for i, ex in enumerate(rows):
-    b = best.get(i, {"span": None, "null": math.inf})
-    text = b["span"]["text"] if b["span"] else ""
-    if f.version_2 and (b["span"] is None or b["null"] - b["span"]["score"] > f.null_threshold):
-      text = ""
-    preds.append(text)
-  metrics = tm.squad([[a["text"] for a in ex["answers"]] for ex in rows], preds)
-  return metrics, [{"id": ex["id"], "prediction": p, "answers": [a["text"] for a in
-                                                                 ex["answers"]]}
-                   for ex, p in zip(rows, preds)]
 
 
 def predict(setup, params, arrays, batch_size, buckets=None):
@@ -233,85 +109,7 @@ def validate(config, devices=None) -> None:
   fine-tuning keys first, all in one line; then the trainer's checks of the shared
   sections)."""
   from launch.cli import ConfigError
-  f, errs = config.finetune, []
-  init_from = str(config.get("init_from", "") or "")
-  if not init_from:
-    errs.append("fine-tuning needs --config.init_from=DIR (an HF directory)")
-  elif "://" not in init_from and not os.path.isdir(init_from):
-    errs.append(f"init_from={init_from!r} is not a directory (an HF directory is needed)")
-  task, fmt = f.get("task"), f.get("data_format")
-  if task not in FORMATS:
-    errs.append(f"finetune.task={task!r}; expected one of {tuple(FORMATS)}")
-  elif fmt not in FORMATS[task]:
-    errs.append(f"finetune.data_format={fmt!r} does not fit task {task!r}; expected one of "
-                f"{FORMATS[task]}")
-  regression = bool(f.get("regression", False))
-  if regression and task != "sequence":
-    errs.append(f"finetune.regression=True needs task 'sequence', not {task!r}")
-  has_eval = bool(f.get("tfds_eval_split", "")) if fmt == "tfds" else bool(f.eval_file)
-  if fmt == "tfds":
-    if not f.get("tfds_name", ""):
-      errs.append("finetune.data_format='tfds' needs finetune.tfds_name (e.g. glue/sst2)")
-  else:
-    for key in ("train_file", "eval_file"):
-      path = str(f.get(key, "") or "")
-      if key == "train_file" and not path:
-        errs.append("finetune.train_file is empty: name the training file")
-      elif path and "://" not in path and not os.path.isfile(path):
-        errs.append(f"finetune.{key}={path!r} does not exist")
-  if not has_eval:
-    try:
-      frac = float(f.eval_fraction)
-    except (TypeError, ValueError):
-      frac = math.nan
-    if not 0 < frac < 1:
-      errs.append(f"finetune.eval_fraction={f.eval_fraction!r} must be in (0, 1) (or give "
-                  "finetune.eval_file)")
-  if not isinstance(f.epochs, int) or f.epochs < 1:
-    errs.append(f"finetune.epochs={f.epochs!r} must be an integer >= 1")
-  if not isinstance(f.max_train_rows, int) or not (f.max_train_rows == -1
-                                                   or f.max_train_rows >= 1):
-    errs.append(f"finetune.max_train_rows={f.max_train_rows!r} must be -1 (all) or >= 1")
-  if str(f.get("unknown_eval_labels", "error")) not in fd.UNKNOWN_EVAL_LABELS:
-    errs.append(f"finetune.unknown_eval_labels={f.get('unknown_eval_labels')!r}; expected "
-                f"one of {fd.UNKNOWN_EVAL_LABELS}")
-  given = tuple(f.get("labels", ()) or ())
-  if given and (task == "qa" or regression):
-    errs.append(f"finetune.labels={list(given)} is for classification; the "
-                f"{'regression' if regression else 'qa'} task has none")
-  elif given:
-    try:
-      if task == "token":
-        fd.tag_names(given)
-      else:
-        fd.label_names((), given)
-      if len(given) < 2:
-        errs.append(f"finetune.labels={list(given)}: a classifier needs 2 or more labels")
-    except ValueError as e:
-      errs.append(str(e))
-  if fmt in ("table", "tfds"):
-    for key in ("text_column", "label_column"):
-      if not str(f.get(key, "") or ""):
-        errs.append(f"finetune.{key} is empty: name the column")
-  if f.get("packing", False) and task not in ("sequence", "token"):
-    errs.append(f"finetune.packing=True supports the sequence and token tasks, not {task!r}")
-  seq_len, gb = config.data.seq_len, config.data.global_batch
-  if not isinstance(seq_len, int) or seq_len < 4:
-    errs.append(f"data.seq_len={seq_len!r} must be an integer >= 4")
-  else:
-    try:
-      fd.length_buckets(f.get("length_buckets", "auto"), seq_len)
-    except ValueError as e:
-      errs.append(str(e))
-    if task == "qa" and not 0 <= int(f.stride) < seq_len // 2:
-      errs.append(f"finetune.stride={f.stride} must be in [0, data.seq_len // 2 = "
-                  f"{seq_len // 2})")
-  if not isinstance(gb, int) or gb < 1:
-    errs.append(f"data.global_batch={gb!r} must be an integer >= 1")
-  if task == "qa":
-    for key in ("n_best", "max_answer_length"):
-      if int(f.get(key)) < 1:
-        errs.append(f"finetune.{key}={f.get(key)!r} must be >= 1")
+  errs = fd.config_errors(config)
   if config.data.get("bad_data", "skip") not in badinput.POLICIES:
     errs.append(f"data.bad_data={config.data.get('bad_data')!r}; expected one of "
                 f"{badinput.POLICIES}")
@@ -392,7 +190,7 @@ def run(config, workdir: str, devices=None, stop_after: Optional[int] = None):
   {"stopped": True, "epoch", "batch", "step", ...}; the same call again continues from
   there and ends as an uninterrupted run would (the same batches, in the same order).
 
-  Callers that are their own process should call launch.hostmem.tune_malloc() before
+  Callers that are their own process should call launch.trainer.hostmem.tune_malloc() before
   JAX starts, as main() does: without it every step re-faults XLA's temporary buffer
   (measured in docs/finetune.md, "Fine-tuning")."""
   config = ml_collections.ConfigDict(config.to_dict())
@@ -473,7 +271,7 @@ def _run(config, workdir, devices, stop_after):
   tok = fd.load_tokenizer(config.init_from, config.tokenizer.get("lowercase", False))
   t0 = time.perf_counter()
   data_report = {}
-  train, evals, info, labels = load_data(config, tok, report=data_report)
+  train, evals, info, labels = fd.load_data(config, tok, report=data_report)
   f.labels = tuple(labels)
   n_train = len(train["example_weight"])
   gb = int(config.data.global_batch)
@@ -519,7 +317,7 @@ def _run(config, workdir, devices, stop_after):
                             "steps": config.train.steps, "data_s": time.perf_counter() - t0,
                             "data": data_report})
   kind = "regression" if f.regression else f.task
-  select = SELECTION[kind]
+  select = fd.SELECTION[kind]
   best_path = os.path.join(workdir, "best.json")
   best = json.load(open(best_path)) if os.path.isfile(best_path) else None
   history = list(pos.get("history", []))
@@ -574,7 +372,7 @@ def _run(config, workdir, devices, stop_after):
       epoch_times.append(time.perf_counter() - t_epoch)
       train_time += epoch_times[-1]
       outputs = predict(setup, state.params, evals, gb, buckets)
-      metrics, records = score(config, outputs, info, labels)
+      metrics, records = fd.score(config, outputs, info, labels)
       flat = {k: v for k, v in metrics.items() if isinstance(v, float)}
       step = (epoch + 1) * steps_per_epoch
       writer.write(step, "eval", dict(flat, epoch=epoch + 1))
@@ -630,8 +428,8 @@ def _run(config, workdir, devices, stop_after):
 
 def main(argv):
   del argv
-  from launch import hostmem
-  hostmem.tune_malloc()  # before JAX's CPU client starts (launch/hostmem.py)
+  from launch.trainer import hostmem
+  hostmem.tune_malloc()  # before JAX's CPU client starts (launch/trainer/hostmem.py)
   from absl import flags
   from absl import logging as absl_logging
   absl_logging.set_verbosity(absl_logging.INFO)

@@ -212,7 +212,7 @@ def _init_worker(tok_ref):
 def _shard_rows(tok, docs, settings, shard_seed):
   from launch.data import packing as packing_lib  # pylint: disable=g-import-not-at-top
   from launch.data import tokenized  # pylint: disable=g-import-not-at-top
-  from objectives import pairs  # pylint: disable=g-import-not-at-top
+  from launch.data import pairs  # pylint: disable=g-import-not-at-top
   seq_len = settings["seq_len"]
   if settings["packing"] == "documents":
     tokd = tokenized.tokenize_documents(tok, docs, "document")
@@ -304,7 +304,7 @@ def preprocess(config, out: str, *, workers: int | None = None, docs_per_shard: 
   import multiprocessing  # pylint: disable=g-import-not-at-top
   from etils import epath  # pylint: disable=g-import-not-at-top
   from launch.data import pipeline as pipeline_lib  # pylint: disable=g-import-not-at-top
-  from objectives import pairs  # pylint: disable=g-import-not-at-top
+  from launch.data import pairs  # pylint: disable=g-import-not-at-top
   if config.data.source == "arrayrecord":
     raise ValueError("launch.preprocess reads documents: set data.source to default, text "
                      "or tfds")

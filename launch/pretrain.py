@@ -36,8 +36,8 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
-  from launch import hostmem
-  hostmem.tune_malloc()  # first: before JAX's CPU client starts (launch/hostmem.py)
+  from launch.trainer import hostmem
+  hostmem.tune_malloc()  # first: before JAX's CPU client starts (launch/trainer/hostmem.py)
   import jax
   if _COORDINATOR.value:
     # CPU processes (tests, or a CPU cluster) need gloo for cross-process collectives;

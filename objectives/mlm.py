@@ -3,7 +3,7 @@ sentence-pair head: BERT's next-sentence prediction ("mlm_nsp") or ALBERT's
 sentence-order prediction ("mlm_sop").
 
 The pair rows come from the data pipeline (`data.packing="pairs"`, `data.pair_task` =
-"nsp" | "sop", built by objectives/pairs.py); a pair label < 0 marks a padding row of a
+"nsp" | "sop", built by launch/data/pairs.py); a pair label < 0 marks a padding row of a
 partial eval batch and is counted nowhere. MLM never masks padding or special tokens.
 `objective.max_predictions` sets how many positions the MLM head runs on
 (`masking.prediction_budget`: 0 every position, -1 auto = ceil(mask_rate * seq_len)).

@@ -14,7 +14,7 @@ for _flag in _FAST_COMPILE:
   if _flag.split("=")[0] not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " " + _flag
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# A fixed CPU peak for MFU (launch/devices.py): no test judges the CPU's MFU, and the
+# A fixed CPU peak for MFU (launch/trainer/devices.py): no test judges the CPU's MFU, and the
 # measured one would cost a matmul benchmark per process and write ~/.cache/encoder_zoo.
 os.environ.setdefault("ENCODER_ZOO_CPU_PEAK_FLOPS", "1e11")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

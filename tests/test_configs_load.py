@@ -37,7 +37,7 @@ def test_main_job_trains_at_30_percent_and_is_scored_at_15():
   """The README's main job: tiny's model and optimizer, MLM alone on packed documents,
   masked at 30% in training and at 15% on the held-out batches; the README names it."""
   import pathlib
-  from launch import synthetic
+  from launch.perf import synthetic
   import objectives
   c, tiny = bert.get_config("tiny-mlm"), bert.get_config("tiny")
   assert c.is_locked and c.objective.name == "mlm" and tuple(c.model.heads) == ("mlm",)

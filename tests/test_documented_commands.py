@@ -640,9 +640,9 @@ ENTRY_POINTS = {
     "launch.bench": Entry(tiny_bench, "2 layers of width 64, batch 2 x 32, "
                           "2 iterations (loop mode: 3 steps of 8 x 32)",
                           repeats_slow=CAMPAIGN),
-    "launch.bench.input_pipeline": Entry(tiny_input_pipeline, "2 repeats, 1 copy, 2 s of "
+    "launch.perf.bench.input_pipeline": Entry(tiny_input_pipeline, "2 repeats, 1 copy, 2 s of "
                                          "throughput"),
-    "launch.bench.relative": Entry(lambda a: a, "no arguments: --help"),
+    "launch.perf.bench.relative": Entry(lambda a: a, "no arguments: --help"),
     "launch.rtd_eval": Entry(lambda a: a, "on a 3-step tiny ELECTRA run"),
     "launch.cloud.": Entry(tiny_cloud, "--dry_run (prints the gcloud / xpk / sbatch "
                            "commands); `tpu_vm up` and `run` also run the training "
@@ -916,7 +916,7 @@ def _run(cmd):
 def libtpu():
   """launch.aot's TPU compiler: the environment's libtpu, else installed into the
   repository's .cache/libtpu as tests/launch/test_aot.py does (docs/benchmarks.md)."""
-  from launch import aot
+  from launch.perf import aot
   path = aot.find_libtpu()
   if path:
     return path
@@ -1090,7 +1090,7 @@ def slow_reason(cmd, _first={}):
     e = ENTRY_POINTS[key]
     if e.slow:
       return e.slow
-    if e.repeats_slow and _first[(cmd.doc, key)] != cmd.id and " -m launch.bench.relative" \
+    if e.repeats_slow and _first[(cmd.doc, key)] != cmd.id and " -m launch.perf.bench.relative" \
         not in p and len(shlex.split(p)) > 3:
       return e.repeats_slow
   return ""

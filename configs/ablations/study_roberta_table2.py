@@ -8,7 +8,7 @@
       --config.scale.steps=1000000 --config.scale.seq_len=512 --config.scale.global_batch=256 \
       --config.scale.learning_rate=1e-4 --platform tpu --parallel 2 --devices_per_arm 4
 
-Arms map onto what the data pipeline builds (launch/data/packing.py, objectives/pairs.py):
+Arms map onto what the data pipeline builds (launch/data/packing.py, launch/data/pairs.py):
   segment_pair_nsp  BERT's input: pairs of multi-sentence segments + NSP (the paper's
                     SEGMENT-PAIR+NSP, which is BERT's own recipe).
   segment_pair      the same pairs without the NSP loss (not a Table 2 row: Devlin et al.

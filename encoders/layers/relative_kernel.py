@@ -29,7 +29,7 @@ self-attention rule also avoids NaN.
 
 Work per C x C tile, in C x C x K matmul units: forward 2 + 2 per term; the dq kernel
 3 + 2 per term + 4 with c2p; the dk/dv kernel 4 + 2 per term + 4 with p2c
-(`matmul_units`, used by launch/kernel_cost.py to price the calls). `interpret=True`
+(`matmul_units`, used by launch/perf/kernel_cost.py to price the calls). `interpret=True`
 runs the same kernels in the Pallas interpreter on any backend (the CPU tests).
 """
 import functools
@@ -51,7 +51,7 @@ _NN = (((1,), (0,)), ((), ()))  # x @ y
 
 
 def kernel_name(kernel: str, c2p: bool, p2c: bool) -> str:
-  """The pallas_call name, which carries the terms (launch/kernel_cost.py reads them)."""
+  """The pallas_call name, which carries the terms (launch/perf/kernel_cost.py reads them)."""
   return kernel + "__" + "_".join(t for t, on in (("c2p", c2p), ("p2c", p2c)) if on)
 
 

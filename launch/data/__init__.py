@@ -8,7 +8,7 @@ One module per stage:
   `launch.preprocess`.
 - `tokenization`: the tokenizers; `tokenized`: documents as token ids, and the cache.
 - `packing`: the row format and document packing (`data.packing="documents"`); pairs
-  (`data.packing="pairs"`, `data.pair_task` nsp | sop) are built by `objectives.pairs`.
+  (`data.packing="pairs"`, `data.pair_task` nsp | sop) are built by `launch.data.pairs`.
 - `pipeline`: `make_pipeline(config, workdir)` -> `Pipeline`, its Grain iteration and
   resumable iterator state.
 

@@ -4,7 +4,7 @@ A row of T = `data.seq_len` tokens is a dict of
   input_ids int32 (T,), segment_ids int32 (T,) (0 = padding), position_ids int32 (T,),
   token_type_ids int32 (T,), special_tokens_mask bool (T,) ([CLS]/[SEP]/[PAD]: never
   masked), word_starts bool (T,) (token begins a word; the first token after [CLS] or
-  [SEP] always does), plus a pair label for `packing="pairs"` (`objectives.pairs`).
+  [SEP] always does), plus a pair label for `packing="pairs"` (`launch.data.pairs`).
 
 `data.packing="documents"`: each document becomes `[CLS] tokens [SEP]`, cut into pieces
 of at most T - 2 tokens each wrapped the same way; pieces are packed into rows best-fit

@@ -35,7 +35,7 @@ from launch.data import sources
 from launch.data import split
 from launch.data import tokenization
 from launch.data import tokenized
-from objectives import pairs
+from launch.data import pairs
 
 PACKINGS = ("documents", "pairs")
 CACHE_VERSION = 3  # 3: bad input per data.bad_data, its counts stored with the tokens

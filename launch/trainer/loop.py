@@ -17,7 +17,7 @@ from encoders import outdir
 from launch import cli
 from launch import data as data_lib
 from launch.data import badinput
-from launch import devices as devices_lib
+from launch.trainer import devices as devices_lib
 from launch.trainer import checkpoint as ckpt_lib
 from launch.trainer import checks
 from launch.trainer import compile_cache

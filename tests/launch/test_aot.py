@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from launch import aot
+from launch.perf import aot
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--config", "configs/bert.py:tiny", "--config.model.num_hidden_layers=1",
@@ -151,13 +151,13 @@ def test_train_step_is_compiled_with_the_scoped_vmem_limit(libtpu):
   16,384 rows per device (the issue's batch of 128 x 512 over 4 chips) prices cheaper on
   v5p with it than with the compiler's default."""
   code = r"""
-from launch import aot
+from launch.perf import aot
 aot.find_libtpu()
 aot.quiet_libtpu_env()
 import jax, jax.numpy as jnp
 from jax.sharding import SingleDeviceSharding
 from configs import bert
-from launch import synthetic, trainer
+from launch.perf import synthetic, trainer
 devices = aot.get_topology("v5p:2x2x1").devices
 seen = []
 real_jit = jax.jit
@@ -185,7 +185,7 @@ for opts in (None, trainer.compiler_options(c, "tpu")):
   assert seen.count("{'xla_tpu_scoped_vmem_limit_kib': 98304}") == 2, seen
   default, limited = [float(line.split()[1]) for line in p.stdout.splitlines()
                       if line.startswith("PRICE")]
-  from launch import devices as devices_lib
+  from launch.trainer import devices as devices_lib
   at_peak = 2 * 16384 * 768 * 768 / devices_lib.chip_peak_flops("TPU v5")
   assert at_peak < limited < 0.8 * default, (default, limited, at_peak)
 
@@ -207,7 +207,7 @@ def test_fallback_twin_prices_the_step_with_the_transform_done_beforehand():
   # identity transform, and the objective's own transform is back afterwards.
   import jax
   from configs import bert as bert_configs
-  from launch import synthetic, trainer
+  from launch.perf import synthetic, trainer
   c = bert_configs.get_config("tiny").unlock()
   c.model.num_hidden_layers, c.model.vocab_size = 1, 512
   c.data.global_batch, c.data.seq_len, c.mesh.shape = 4, 32, (2, 1, 1)
@@ -254,7 +254,7 @@ def test_v5e_program_with_prefetched_weights_is_priced(libtpu):
   compiler joins prefetched weight slices with ConcatBitcast, XLA's own time is below
   -1 s, and with those calls at 0 it is a positive time above the matmuls' roofline."""
   code = r"""
-from launch import aot
+from launch.perf import aot
 aot.find_libtpu()
 aot.quiet_libtpu_env()
 import jax, jax.numpy as jnp
@@ -277,7 +277,7 @@ print(cost["optimal_seconds"], aot.free_custom_calls(hlo), aot._optimal_seconds(
   raw, free, fixed = p.stdout.split()[-3:]
   assert float(raw) < -1 + 0.01 and int(free) >= 1
   # at least its four matmuls (forward x2, the gradients of x and w1) at v5e's peak
-  from launch import devices
+  from launch.trainer import devices
   assert float(fixed) > 4 * 2 * 16384 * 768 * 3072 / devices.chip_peak_flops("TPU v5 lite")
 
 

@@ -1,9 +1,9 @@
-"""The roofline price of custom calls XLA cannot price (launch/kernel_cost.py), on HLO
+"""The roofline price of custom calls XLA cannot price (launch/perf/kernel_cost.py), on HLO
 lines in the form the TPU compiler prints them (taken from a compiled Splash program:
 forward, and the fused dq/dk/dv backward), whose FLOPs and bytes are known by hand."""
 import pytest
 
-from launch import kernel_cost
+from launch.perf import kernel_cost
 
 B, H, T, K = 2, 4, 512, 64
 QKV = "bf16[2,4,512,64]{3,2,1,0}"

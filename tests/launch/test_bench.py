@@ -10,7 +10,7 @@ import pytest
 
 from configs import bert as bert_configs
 from configs import roberta as roberta_configs
-from launch import bench, synthetic
+from launch.perf import bench, synthetic
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = dict(num_hidden_layers=1, vocab_size=512)
@@ -19,7 +19,7 @@ SMALL = dict(num_hidden_layers=1, vocab_size=512)
 @pytest.fixture(autouse=True)
 def _small_peak_matmul(monkeypatch):
   """The in-run peak measurement at a test's size (its plumbing is what is tested)."""
-  from launch.bench import runs
+  from launch.perf.bench import runs
   monkeypatch.setattr(runs, "PEAK_MATMUL_N", 256)
   monkeypatch.setattr(runs, "PEAK_REPEATS", 2)
 
@@ -103,7 +103,7 @@ def test_forward_against_transformers():
 
 
 def test_peak_of_a_run_and_its_drift():
-  from launch.bench import report, runs
+  from launch.perf.bench import report, runs
   steady = runs.run_peak(0.0, {"jax": 100e9, "torch": 120e9}, {"jax": 104e9, "torch": 125e9})
   assert steady["peak_flops_per_device"] == 125e9
   assert steady["peak_drift"] == pytest.approx(5 / 125)
@@ -132,7 +132,7 @@ def test_train_step_against_transformers_with_gathered_mlm_positions():
 
 
 def test_packed_vs_padded(monkeypatch):
-  from launch.bench import runs
+  from launch.perf.bench import runs
   calls, step = [], runs.Ours.step
   monkeypatch.setattr(runs.Ours, "step", lambda self, b: calls.append(id(b)) or step(self, b))
   r = bench.bench_packed(_config(), "lognormal:10:0.6", "forward", batch=8, seq=32, iters=8,
@@ -179,7 +179,7 @@ def test_torch_lamb_matches_optax_lamb():
   import numpy as np
   import optax
   import torch
-  from launch.bench.models import torch_lamb
+  from launch.perf.bench.models import torch_lamb
   rng = np.random.RandomState(0)
   w, b = rng.randn(4, 3).astype(np.float32), rng.randn(3).astype(np.float32)
   grads = [(rng.randn(4, 3).astype(np.float32), rng.randn(3).astype(np.float32))

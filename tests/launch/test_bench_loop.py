@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from configs import bert as bert_configs
-from launch.bench import loop as loop_bench
-from launch.bench import report
+from launch.perf.bench import loop as loop_bench
+from launch.perf.bench import report
 
 
 def _config():
@@ -51,7 +51,7 @@ def test_loop_mode_times_ours_and_the_same_work_torch_loop(tmp_path):
 
 def test_torch_side_masks_like_ours_within_the_budget():
   import objectives
-  from launch import synthetic
+  from launch.perf import synthetic
   c = loop_bench.loop_config(_config(), 4)
   c.model.vocab_size = 600
   objective = objectives.get_objective(c, synthetic.SyntheticTokenizer.for_model(c.model))

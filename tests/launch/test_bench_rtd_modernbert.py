@@ -6,7 +6,7 @@ import pytest
 
 from configs import electra as electra_configs
 from configs import modernbert as modernbert_configs
-from launch import bench
+from launch.perf import bench
 
 
 def _small(c, **model):

@@ -13,7 +13,7 @@ import pytest
 from launch import data
 from launch.data import corpus
 from launch.data import tokenization
-from objectives import pairs
+from launch.data import pairs
 from tests.launch.data_helpers import (assert_batches_equal, epoch_rows, make_config,  # noqa: F401
                                        rows_of, spm, spm_config, spm_path, take)
 

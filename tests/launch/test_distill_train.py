@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import distilbert as distil_configs
-from launch import synthetic
+from launch.perf import synthetic
 from launch import trainer as train
 from launch.trainer import metrics as metrics_lib
 from launch.trainer import sharding

@@ -1,4 +1,4 @@
-"""launch/hostmem.py: with the tuned allocator, a large buffer allocated and freed every
+"""launch/trainer/hostmem.py: with the tuned allocator, a large buffer allocated and freed every
 step (as XLA's CPU runtime does with a step's temporaries) stops page-faulting."""
 import os
 import subprocess
@@ -10,7 +10,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 CHILD = """
 import ctypes, resource, sys
-from launch import hostmem
+from launch.trainer import hostmem
 applied = hostmem.tune_malloc() if sys.argv[1] == "tuned" else False
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p

@@ -1,8 +1,8 @@
-"""launch.op_costs: the per-op breakdown of a compiled TPU program by the compiler's own
+"""launch.perf.op_costs: the per-op breakdown of a compiled TPU program by the compiler's own
 cycle estimates (`launch.aot --breakdown`). A real v5p compile is checked in test_aot.py."""
 import pytest
 
-from launch import op_costs
+from launch.perf import op_costs
 
 _FUSION = ('  %fusion.{i} = bf16[8,128]{{1,0}} fusion(%a, %b), kind=kOutput, '
            'calls=%fused_computation, metadata={{op_name="jit(train_step)/{op}"}}, '

@@ -48,7 +48,7 @@ def _ar_config(c, out):
 
 def test_row_codec_roundtrip_documents_and_pairs(spm):
   from launch.data import packing, tokenized
-  from objectives import pairs
+  from launch.data import pairs
   tok = tokenized.tokenize_documents(spm, _docs(8), "sentence")
   for rows, label in [(packing.pack_documents(tok, spm, 32), None),
                       (pairs.build_pairs(tok, spm, 32, task="nsp"), "next_sentence_label")]:

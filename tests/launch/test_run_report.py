@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from launch import devices as devices_lib
+from launch.trainer import devices as devices_lib
 from launch import trainer as train
 from launch.trainer import metrics as metrics_lib
 from launch.trainer import plotting, report

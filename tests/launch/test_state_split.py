@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from configs import albert, bert, deberta, distilbert, electra, modernbert, roberta
-from launch import synthetic
+from launch.perf import synthetic
 from launch import trainer as train
 from launch.trainer import sharding
 

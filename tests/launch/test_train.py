@@ -12,7 +12,7 @@ import pytest
 
 from configs import bert as bert_configs
 from configs import roberta as roberta_configs
-from launch import synthetic
+from launch.perf import synthetic
 from launch import trainer as train
 from launch.trainer import metrics as metrics_lib
 

@@ -8,7 +8,7 @@ import pytest
 
 import objectives
 from configs import distilbert as distil_configs
-from launch import synthetic
+from launch.perf import synthetic
 from objectives import distill
 
 

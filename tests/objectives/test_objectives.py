@@ -10,7 +10,7 @@ import encoders
 import objectives
 from configs import bert as bert_configs
 from configs.ablations import bert_pretraining
-from launch import synthetic
+from launch.perf import synthetic
 from launch.trainer.step import eval_key
 from objectives import masking, mlm
 

@@ -1,11 +1,11 @@
-"""Tests of the one pair builder (objectives/pairs.py): NSP and SOP labelling."""
+"""Tests of the one pair builder (launch/data/pairs.py): NSP and SOP labelling."""
 import collections
 
 import numpy as np
 import pytest
 
 from launch import data
-from objectives import pairs
+from launch.data import pairs
 from tests.launch.data_helpers import rows_of, spm, spm_config, spm_path, take  # noqa: F401
 
 

@@ -12,7 +12,7 @@ import transformers as T
 import objectives
 from configs import bert as bert_configs
 from configs import electra as electra_configs
-from launch import synthetic
+from launch.perf import synthetic
 from objectives import losses, rtd
 
 WORD = ("embeddings", "word_embeddings", "embedding")

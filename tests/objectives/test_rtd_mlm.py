@@ -13,7 +13,7 @@ import pytest
 
 import objectives
 from configs.ablations import electra as ablations
-from launch import synthetic
+from launch.perf import synthetic
 from objectives import losses, rtd_mlm
 from tests.launch import test_train as tt
 from tests.launch.test_train import tokenizer_cache  # noqa: F401  (a fixture)

@@ -12,7 +12,7 @@ The price of one call: max(FLOPs / peak, bytes / HBM bandwidth) / efficiency.
   is counted: for a banded (local) mask Splash skips blocks, so this is an upper bound.
 - bytes: every operand read once and every result written once, the least traffic the
   kernel can have (Splash reads K/V once per query block: with T <= block_q that is once).
-- peak and HBM bandwidth: the chip's published bf16 peak (launch/devices.py) and HBM
+- peak and HBM bandwidth: the chip's published bf16 peak (launch/trainer/devices.py) and HBM
   bandwidth (Cloud TPU system architecture pages: v4 1200 GB/s, v5e 819 GB/s, v5p
   2765 GB/s, v6e 1640 GB/s per chip).
 - efficiency: the fraction of that roofline a flash-attention kernel reaches. We found no
@@ -34,7 +34,7 @@ import math
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from launch import devices as devices_lib
+from launch.trainer import devices as devices_lib
 
 DEFAULT_EFFICIENCY = 0.5
 EFFICIENCY_SOURCE = ("FlashAttention-2's low end, 50% of peak (Dao 2023, arXiv:2307.08691); "

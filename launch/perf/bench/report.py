@@ -1,8 +1,8 @@
 """The benchmark report: the numbers of a run as a table."""
 from typing import Any, Dict
 
-from launch import runinfo
-from launch.bench.runs import PEAK_DRIFT as DRIFT_WARNING
+from launch.perf import runinfo
+from launch.perf.bench.runs import PEAK_DRIFT as DRIFT_WARNING
 
 
 def _fmt_bytes(n):
@@ -19,7 +19,7 @@ def _fmt_mfu(x):
 
 def _peak_lines(r: Dict[str, Any]):
   """The peak MFU is taken against; on the CPU, the rates measured at each end of the
-  timed iterations, and the reference's share of that peak (launch/bench/runs.py)."""
+  timed iterations, and the reference's share of that peak (launch/perf/bench/runs.py)."""
   out = [f"peak per device: {_fmt_rate(r['peak_flops_per_device'])} "
          f"({r.get('peak_source', 'published')})"]
   pm = r.get("peak_measured")
@@ -50,7 +50,7 @@ def format_report(r: Dict[str, Any]) -> str:
                  f"{m.get('platform')} x{m.get('devices')} {m.get('device_kind')}, "
                  f"{m.get('date')}")
   if r["mode"] == "loop":
-    from launch.bench import loop  # pylint: disable=g-import-not-at-top
+    from launch.perf.bench import loop  # pylint: disable=g-import-not-at-top
     return "\n".join(lines + loop.format_loop(r))
   lines += _peak_lines(r)
   if "ours" in r:

@@ -2,8 +2,8 @@
 shapes: one DeBERTa layer (disentangled attention + MLP), forward and backward, in
 training mode (dropout on, as the train step runs it).
 
-  python -m launch.bench.relative --where cpu  [--batch 2 --seq 512]
-  python -m launch.bench.relative --where tpu --topology v5p:2x2x1 [--batch 32 --seq 512]
+  python -m launch.perf.bench.relative --where cpu  [--batch 2 --seq 512]
+  python -m launch.perf.bench.relative --where tpu --topology v5p:2x2x1 [--batch 32 --seq 512]
 
 cpu: XLA's temporaries of the compiled program (peak memory beyond inputs/outputs, load-
 independent) and the CPU time (user + sys of this process, which is more robust to other
@@ -98,11 +98,11 @@ def measure_tpu(topology, batch, seq, names):
   import jax
   from jax.sharding import SingleDeviceSharding
 
-  from launch import aot
-  from launch import devices as devices_lib
+  from launch.perf import aot
+  from launch.trainer import devices as devices_lib
   aot.quiet_libtpu_env()
   if aot.find_libtpu() is None:
-    raise SystemExit("libtpu not found (see launch/aot.py)")
+    raise SystemExit("libtpu not found (see launch/perf/aot.py)")
   dev = aot.get_topology(topology).devices[0]
   kind = getattr(dev, "device_kind", "")
   peak = devices_lib.chip_peak_flops(kind) / devices_lib.cores_per_chip([dev])

@@ -108,7 +108,7 @@ def cpu_peak_flops(dtype="float32", path=None, measure=None) -> float:
   next start, keeping the best; one taken on an idle machine holds for CPU_PEAK_MAX_AGE_S.
   An older entry is measured again and replaced: the same VM type gave 185 to 383
   GFLOP/s in float32 on different days, and a stale peak makes every MFU wrong. (The
-  benchmarks measure the peak in their own run instead: launch/bench/runs.py.)"""
+  benchmarks measure the peak in their own run instead: launch/perf/bench/runs.py.)"""
   import time
   if os.environ.get(CPU_PEAK_ENV):
     return float(os.environ[CPU_PEAK_ENV])

@@ -18,7 +18,7 @@ How it measures:
   (the objective's on-device transform, loss, grads, clipping, optimizer update, donated
   state), with the objective's settings (e.g. the MLM head on its prediction budget of
   gathered masked positions only).
-- Batches are synthetic, built from the objective's batch spec (launch/synthetic.py:
+- Batches are synthetic, built from the objective's batch spec (launch/perf/synthetic.py:
   what the pipeline's rows hold for this objective) and already on the device: no data
   pipeline, no host-to-device copy in the timing.
 - The step is compiled ahead of the timing (compile time reported), run `--warmup` times,
@@ -28,7 +28,7 @@ How it measures:
   alike; the ratio is the median over iterations of theirs_i / ours_i (and best vs best).
 - FLOPs: the objective's count (`flops_per_example`, from the family's count); MFU =
   achieved FLOP/s / peak, where peak is the chip's published bf16 peak on TPU/GPU
-  (launch/devices.py), and on the CPU the best FLOP/s of a 2048^3 dense matmul in the
+  (launch/trainer/devices.py), and on the CPU the best FLOP/s of a 2048^3 dense matmul in the
   compute dtype, measured by this run just before and just after its timed iterations
   (JAX's, and with `--compare-hf` torch's too; not the trainer's cached figure, since this
   machine's rate moves from day to day). The report prints each rate, warns when they
@@ -55,16 +55,16 @@ How it measures:
   the timed passes (`--passes`; packed and padded passes alternate, so a slow spell of
   the machine hits both; best pass reported, and the median of the back-to-back pairs).
 
-- loop: see launch/bench/loop.py (the real trainer loop by phase, CPU time and page
+- loop: see launch/perf/bench/loop.py (the real trainer loop by phase, CPU time and page
   faults, next to a same-work transformers loop). Every mode runs with the host
-  allocator of launch/hostmem.py, as launch.pretrain does (`--malloc system`: glibc's
+  allocator of launch/trainer/hostmem.py, as launch.pretrain does (`--malloc system`: glibc's
   defaults).
 
 Layout: models.py (ours and theirs), runs.py (the runs), loop.py (--mode loop),
 report.py, __main__.py (CLI).
 """
-from launch.bench.models import Ours, Theirs
-from launch.bench.report import format_report
-from launch.bench.runs import bench_packed, bench_step
+from launch.perf.bench.models import Ours, Theirs
+from launch.perf.bench.report import format_report
+from launch.perf.bench.runs import bench_packed, bench_step
 
 __all__ = ["Ours", "Theirs", "bench_step", "bench_packed", "format_report"]

@@ -3,9 +3,9 @@ the same documents packed vs padded."""
 import statistics
 from typing import Any, Dict
 
-from launch import devices as devices_lib
-from launch import runinfo, synthetic
-from launch.bench.models import Ours, Theirs
+from launch.trainer import devices as devices_lib
+from launch.perf import runinfo, synthetic
+from launch.perf.bench.models import Ours, Theirs
 
 
 def _median(xs):
@@ -124,7 +124,7 @@ def bench_step(config, mode: str = "train", batch: int = 8, seq: int = 0, iters:
     if mode == "forward":
       result["max_abs_diff_last_hidden"] = ours.objective.reference_diff(
           ours.output(b), theirs.run(x), host)
-    # Warm up in pairs: both sides share the process's heap (launch/hostmem.py keeps it
+    # Warm up in pairs: both sides share the process's heap (launch/trainer/hostmem.py keeps it
     # untrimmed), and until its layout settles each side's first steps after the other
     # has run fault in fresh pages (ModernBERT-base train: ~480k, 156k, 78k minor faults
     # in ours' steps 1-3 after transformers' first, 0 once settled).

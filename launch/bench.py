@@ -1,9 +1,9 @@
-"""`python -m launch.bench`: the command line (see launch/bench/__init__.py)."""
+"""`python -m launch.bench`: step and loop benchmarks (the library: launch/perf/bench/)."""
 import json
 import sys
 
-from launch import runinfo
-from launch.bench import report, runs
+from launch.perf import runinfo
+from launch.perf.bench import report, runs
 
 
 def _define_flags():
@@ -13,7 +13,7 @@ def _define_flags():
     return flags.FLAGS
   config_flags.DEFINE_config_file("config", None, "config file[:arg]", lock_config=True)
   flags.DEFINE_enum("mode", "train", ["forward", "train", "loop"], "what to time (loop: "
-                    "the whole training loop, launch/bench/loop.py)")
+                    "the whole training loop, launch/perf/bench/loop.py)")
   flags.DEFINE_integer("steps", 100, "--mode loop: training steps (the first not timed)")
   flags.DEFINE_string("workdir", "", "--mode loop: run directory (default: a temporary "
                       "one; a kept one caches the tokenizer and data for the next run)")
@@ -29,7 +29,7 @@ def _define_flags():
   flags.DEFINE_integer("passes", 2, "--packed: timed passes over the documents (best kept)")
   flags.DEFINE_integer("seed", 0, "seed of the synthetic batches")
   flags.DEFINE_enum("malloc", "tuned", ["tuned", "system"], "host allocator: tuned "
-                    "(launch/hostmem.py, as launch.pretrain) or glibc's defaults")
+                    "(launch/trainer/hostmem.py, as launch.pretrain) or glibc's defaults")
   flags.DEFINE_string("json", "", "also write the full result to this JSON file")
   flags.mark_flag_as_required("config")
   return flags.FLAGS
@@ -41,8 +41,8 @@ def main(argv):
   for noisy in ("absl", "jax", "orbax"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   F = _define_flags()
-  if F.malloc == "tuned":  # before JAX's CPU client starts (launch/hostmem.py)
-    from launch import hostmem
+  if F.malloc == "tuned":  # before JAX's CPU client starts (launch/trainer/hostmem.py)
+    from launch.trainer import hostmem
     hostmem.tune_malloc()
   config = F.config
   if F.packed and F.compare_hf:
@@ -51,7 +51,7 @@ def main(argv):
   if F.mode == "loop":
     if F.packed:
       raise SystemExit("--mode loop times the pipeline's own rows; --packed does not apply")
-    from launch.bench import loop
+    from launch.perf.bench import loop
     result = loop.bench_loop(config, F.steps, F.compare_hf, F.workdir)
   elif F.packed:
     result = runs.bench_packed(config, F.packed, F.mode, F.batch, F.seq, F.iters,

@@ -1,10 +1,10 @@
 """Input-pipeline measurements for data.source=arrayrecord: rows/s against the train step's
 consumption, and start-up time against corpus size.
 
-  python -m launch.bench.input_pipeline throughput --data DIR --config configs/bert.py:base \
+  python -m launch.perf.bench.input_pipeline throughput --data DIR --config configs/bert.py:base \
       [--seconds 60 --worker_count 2 --global_batch 32]
-  python -m launch.bench.input_pipeline startup --data DIR [--data DIR2 ...]
-  python -m launch.bench.input_pipeline concat --data DIR --out BIG --copies 8
+  python -m launch.perf.bench.input_pipeline startup --data DIR [--data DIR2 ...]
+  python -m launch.perf.bench.input_pipeline concat --data DIR --out BIG --copies 8
 
 `throughput`: (1) the pipeline alone, batches pulled as fast as possible; (2) the same
 while the train step (the config's model, real sharded step on this machine's devices)
@@ -162,7 +162,7 @@ def concat(a) -> dict:
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(prog="python -m launch.bench.input_pipeline")
+  p = argparse.ArgumentParser(prog="python -m launch.perf.bench.input_pipeline")
   p.add_argument("mode", choices=("throughput", "startup", "concat"))
   p.add_argument("--data", action="append", required=True)
   p.add_argument("--config", default="configs/bert.py:base")

@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 
-from launch import devices as devices_lib
-from launch.synthetic import SyntheticTokenizer
+from launch.trainer import devices as devices_lib
+from launch.perf.synthetic import SyntheticTokenizer
 
 
 class Ours:

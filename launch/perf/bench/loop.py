@@ -12,7 +12,7 @@ compile is excluded): input iteration, host-to-device, step dispatch, device wai
 steps: the loop syncs nowhere else), metrics/logging, checkpoint.
 
 Theirs (`--compare-hf`): transformers' class of the same architecture loaded with our
-trained weights, `torch.optim.AdamW` (or the LAMB of launch/bench/models.py) with the same
+trained weights, `torch.optim.AdamW` (or the LAMB of launch/perf/bench/models.py) with the same
 hyper-parameters, weight decay groups, clipping and linear warmup/decay schedule. Every
 step reads the next batch from a fresh iterator of the same pipeline (the same rows in
 the same order as ours), masks on the host as a data collator would (mask_rate of the
@@ -75,7 +75,7 @@ class TorchLoop:
 
   def __init__(self, config, objective, params, pipeline):
     import torch
-    from launch.bench.models import Theirs
+    from launch.perf.bench.models import Theirs
     self.config, self.objective, self.pipeline = config, objective, pipeline
     self.theirs = Theirs(config, "train", objective, params)
     model = self.theirs.model
@@ -176,7 +176,7 @@ def bench_loop(config, steps: int, compare_hf: bool = False, workdir: str = "",
                log=print) -> Dict[str, Any]:
   """Runs ours (and theirs) for `steps` steps; see the module docstring."""
   import jax
-  from launch import runinfo
+  from launch.perf import runinfo
   from launch.trainer import loop as loop_lib
   config = loop_config(config, steps)
   tmp = None
