@@ -196,11 +196,22 @@ def _flatten(tree, prefix=""):
   return out
 
 
-def _mapping_for(model_type) -> Mapping:
-  if model_type not in _MAPPINGS:
-    raise ValueError(f"model_type {model_type!r} is not supported; supported: "
+def mapping_for(name: str) -> Mapping:
+  """The registered Mapping of an HF model_type ("roberta", "deberta-v2") or a family
+  name ("bert"); a family's name is one of its mapping's model types. ValueError naming
+  the supported ones otherwise."""
+  if name not in _MAPPINGS:
+    raise ValueError(f"model_type {name!r} is not supported; supported: "
                      f"{sorted(_MAPPINGS)}")
-  return _MAPPINGS[model_type]
+  return _MAPPINGS[name]
+
+
+def model_types() -> Tuple[str, ...]:
+  """Every HF model_type a registered mapping reads, sorted."""
+  return tuple(sorted(_MAPPINGS))
+
+
+_mapping_for = mapping_for  # the former private name
 
 
 def hf_config(path: str) -> dict:
