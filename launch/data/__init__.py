@@ -9,8 +9,8 @@ One module per stage:
 - `tokenization`: the tokenizers; `tokenized`: documents as token ids, and the cache.
 - `packing`: the row format and document packing (`data.packing="documents"`); pairs
   (`data.packing="pairs"`, `data.pair_task` nsp | sop) are built by `launch.data.pairs`.
-- `pipeline`: `make_pipeline(config, workdir)` -> `Pipeline`, its Grain iteration and
-  resumable iterator state.
+- `pipeline`: `make_pipeline(config, workdir)` -> `Pipeline`; `iteration`: the
+  `Pipeline`, its Grain iteration and resumable iterator state.
 
 Batches are dicts of numpy arrays with a leading per-process batch dimension B:
   input_ids int32 (B, T), segment_ids int32 (B, T), position_ids int32 (B, T),
@@ -25,8 +25,9 @@ Usage: `from launch import data as data_lib; data_lib.make_pipeline(config, work
 from launch.data import corpus
 from launch.data import tokenization
 from launch.data.packing import DocumentRows, PAD_LABEL, finish_row, pack_documents, padding_row
-from launch.data.pipeline import (CACHE_VERSION, PACKINGS, Batch, Pipeline, TrainIterator,
-                                  iterator_state, make_pipeline, restore_iterator, validate)
+from launch.data.iteration import (Batch, Pipeline, TrainIterator, iterator_state,
+                                   restore_iterator)
+from launch.data.pipeline import CACHE_VERSION, PACKINGS, make_pipeline, validate
 from launch.data.sources import (DOCUMENT_SOURCES, SOURCES, TEXT_DOCUMENT_MODES,
                                  default_split, expand_globs, load_documents)
 from launch.data.split import EVAL_SPLIT_SEED, decontaminate, grouped_holdout, random_holdout

@@ -5,7 +5,7 @@
 start-up reads only the manifest and each shard's footer), each JAX process reads only
 its own rows (a strided share of the global row order), Grain worker processes read and
 decode them (`data.worker_count`), and the iterator state is checkpointed as for every
-source (`launch.data.pipeline.Pipeline`).
+source (`launch.data.iteration.Pipeline`).
 
 A record is one row (see `launch.data.packing`) without its padding:
   uint8 version | int8 pair label (0 for documents) | uint16 n |
@@ -38,10 +38,14 @@ import os
 import struct
 import time
 
+from array_record.python.array_record_module import ArrayRecordReader
+from etils import epath
 import numpy as np
 
 from launch.data import badinput
 from launch.data import packing as packing_lib
+from launch.data import tokenization
+from launch.data.iteration import Pipeline, check_held_out
 
 RECORD_VERSION = 1
 MANIFEST = "manifest.json"
@@ -150,7 +154,6 @@ class ShardRows:
 
   def _reader(self, s: int):
     if s not in self._readers:
-      from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
       self._readers[s] = ArrayRecordReader(self.paths[s], _READ_OPTIONS)
     return self._readers[s]
 
@@ -229,8 +232,6 @@ def check_manifest(data) -> dict:
 
 def load_tokenizer(path: str, manifest: dict, tok_config):
   """The tokenizer the shards were written with; its fingerprint must match."""
-  from etils import epath  # pylint: disable=g-import-not-at-top
-  from launch.data import tokenization  # pylint: disable=g-import-not-at-top
   info = manifest["tokenizer"]
   if info["kind"].startswith("sentencepiece"):
     proto = (epath.Path(path) / "tokenizer" / "spm.model").read_bytes()
@@ -246,8 +247,6 @@ def load_tokenizer(path: str, manifest: dict, tok_config):
 
 def open_shards(path: str, entries: list[dict], bad: badinput.BadData):
   """(paths, row counts) of the shards that open with the manifest's record count."""
-  from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=g-import-not-at-top
-  from etils import epath  # pylint: disable=g-import-not-at-top
   paths, counts = [], []
   for e in entries:
     p = str(epath.Path(path) / e["file"])
@@ -269,7 +268,6 @@ def open_shards(path: str, entries: list[dict], bad: badinput.BadData):
 
 def make_pipeline(config, workdir, *, process_index: int, process_count: int):
   """The `Pipeline` of `data.source="arrayrecord"` (see the module docstring)."""
-  from launch.data import pipeline as pipeline_lib  # pylint: disable=g-import-not-at-top
   del workdir  # nothing is cached: the shards are the cache
   t0 = time.perf_counter()
   data = config.data
@@ -293,7 +291,7 @@ def make_pipeline(config, workdir, *, process_index: int, process_count: int):
   totals = manifest["totals"]
   written = manifest.get("config", {}).get("data", {})
   held = manifest.get("held_out", {})
-  pipeline_lib.check_held_out(
+  check_held_out(
       config, len(rows["eval"]),
       f"data.path={path!r} holds {len(rows['eval'])} readable held-out rows "
       f"({len(manifest['shards']['eval'])} eval shards, {totals['eval']['documents']} "
@@ -317,7 +315,7 @@ def make_pipeline(config, workdir, *, process_index: int, process_count: int):
              "worker_count": int(data.worker_count)}
   fingerprint = hashlib.sha256(json.dumps(fp_spec, sort_keys=True).encode()).hexdigest()[:32]
   log.info("data: %s", stats)
-  return pipeline_lib.Pipeline(
+  return Pipeline(
       tokenizer=tokenizer, train_rows=rows["train"], eval_rows=rows["eval"],
       packing=data.packing, seq_len=int(data.seq_len), global_batch=int(data.global_batch),
       seed=int(data.shuffle_seed), num_epochs=int(data.num_epochs),
