@@ -38,9 +38,9 @@ import os
 import struct
 import time
 
+import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 from etils import epath
-import numpy as np
 
 from launch.data import badinput
 from launch.data import packing as packing_lib

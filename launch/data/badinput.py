@@ -33,6 +33,8 @@ import re
 import zlib
 from collections.abc import Iterator, Sequence
 
+from etils import epath
+
 POLICIES = ("skip", "error")
 KINDS = ("non_utf8", "binary", "empty", "too_long", "bad_json", "corrupt_file",
          "corrupt_shard", "corrupt_record")
@@ -158,7 +160,6 @@ def binary_reason(sample: bytes, min_printable_ratio: float) -> str | None:
 
 def _read_bytes(path: str, bad: BadData) -> bytes | None:
   """The (decompressed) bytes of `path`, or None after reporting a corrupt `.gz` file."""
-  from etils import epath  # pylint: disable=g-import-not-at-top
   try:
     data = epath.Path(path).read_bytes()
   except OSError as e:

@@ -34,6 +34,11 @@ import re
 import sysconfig
 import zlib
 
+try:
+  from pydoc_data import topics
+except ImportError:  # some Python builds leave pydoc_data out
+  topics = None
+
 CORPUS_VERSION = 2
 CODE_BYTES = 3_000_000
 MAX_CODE_FILE_BYTES = 150_000
@@ -96,9 +101,7 @@ def _split_topic(text: str) -> list[str]:
 
 
 def _topic_documents() -> list[tuple[str, str]]:
-  try:
-    from pydoc_data import topics  # pylint: disable=g-import-not-at-top
-  except ImportError:
+  if topics is None:
     return []
   docs = []
   for key in sorted(topics.topics):

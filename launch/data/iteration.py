@@ -18,9 +18,9 @@ import hashlib
 import logging
 from typing import Any, Sequence
 
-from absl import flags
 import grain
 import numpy as np
+from absl import flags
 
 from launch.data import packing as packing_lib
 from launch.data import split

@@ -38,6 +38,8 @@ import os
 import re
 from collections.abc import Iterator
 
+from etils import epath
+
 from launch.data import badinput
 from launch.data import corpus
 from launch.data import split
@@ -58,7 +60,6 @@ def expand_globs(spec: str, what: str = "data.files") -> list[str]:
   out = []
   for pattern in patterns:
     if "://" in pattern:
-      from etils import epath  # pylint: disable=g-import-not-at-top
       head = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
       base = head.rsplit("/", 1)[0]
       matches = (sorted(str(p) for p in epath.Path(base).glob(pattern[len(base) + 1:]))
@@ -84,7 +85,7 @@ def _text_documents(spec: str, mode: str, text_key: str, limit: int, what: str,
 
 
 def _tfds_source(name: str, split_name: str, data_dir: str):
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds  # slow to import; only data.source=tfds uses it
   if not name:
     raise ValueError("data.tfds_name is empty: source=tfds needs a dataset name")
   try:

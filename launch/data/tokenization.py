@@ -22,7 +22,14 @@ import logging
 import os
 from typing import Callable, Iterable, Sequence
 
+import jax
 import numpy as np
+import sentencepiece as spm
+from etils import epath
+from jax.experimental import multihost_utils
+from sentencepiece import sentencepiece_model_pb2
+from tokenizers import (AddedToken, Regex, Tokenizer as HfTok, decoders, models, normalizers,
+                        pre_tokenizers, processors)
 
 KINDS = ("sentencepiece_train", "sentencepiece", "hf")
 SPM_MODEL_TYPES = ("unigram", "bpe", "char", "word")
@@ -117,7 +124,6 @@ class SentencePieceTokenizer(Tokenizer):
 
   def __init__(self, model_proto: bytes, lowercase: bool = False,
                kind: str = "sentencepiece", where: str = "sentencepiece model"):
-    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
     self.kind = kind
     self._proto = bytes(model_proto)
     self._lowercase = bool(lowercase)
@@ -159,8 +165,6 @@ class SentencePieceTokenizer(Tokenizer):
 
   def to_hf(self):
     """The same tokenizer as a `tokenizers.Tokenizer` (unigram models only), or None."""
-    from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
-    from tokenizers import AddedToken, Regex, Tokenizer as HfTok, decoders, models, normalizers, pre_tokenizers  # pylint: disable=g-import-not-at-top
     m = sentencepiece_model_pb2.ModelProto()
     m.ParseFromString(self._proto)
     if m.trainer_spec.model_type != sentencepiece_model_pb2.TrainerSpec.UNIGRAM:
@@ -195,7 +199,7 @@ class SentencePieceTokenizer(Tokenizer):
 
   def save(self, directory: str) -> None:
     """Writes `spm.model` and, for unigram models, files for `AutoTokenizer.from_pretrained`."""
-    d = _path(directory)
+    d = epath.Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     (d / "spm.model").write_bytes(self._proto)
     tok = self.to_hf()
@@ -249,12 +253,11 @@ class HFTokenizer(Tokenizer):
 
   def save(self, directory: str) -> None:
     """Writes tokenizer.json and tokenizer_config.json for `AutoTokenizer.from_pretrained`."""
-    from tokenizers import Tokenizer as HfTok, normalizers  # pylint: disable=g-import-not-at-top
     tok = HfTok.from_str(self._tok.to_str())
     if self._lowercase:
       tok.normalizer = (normalizers.Sequence([normalizers.Lowercase(), tok.normalizer])
                         if tok.normalizer is not None else normalizers.Lowercase())
-    d = _path(directory)
+    d = epath.Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     _write_hf_files(self, tok, d)
 
@@ -262,7 +265,6 @@ class HFTokenizer(Tokenizer):
 def _write_hf_files(owner: Tokenizer, tok, directory) -> None:
   """tokenizer.json (with a [CLS] A [SEP] (B [SEP]) post-processor when it has none) and
   tokenizer_config.json naming the special tokens."""
-  from tokenizers import processors  # pylint: disable=g-import-not-at-top
   names = {k: owner.id_to_token(getattr(owner, f"{k}_id")) for k in SPECIAL_CANDIDATES}
   if tok.post_processor is None:
     cls, sep = names["cls"], names["sep"]
@@ -314,7 +316,7 @@ def _hf_word_starts(spec: dict, tokens: list[str]) -> np.ndarray:
 
 def load_sentencepiece(path: str, lowercase: bool = False) -> SentencePieceTokenizer:
   """Loads a sentencepiece `.model` file (local or any etils.epath path)."""
-  p = _path(path)
+  p = epath.Path(path)
   if not path or not p.exists() or p.is_dir():
     raise ValueError(f"tokenizer.path={path!r}: no sentencepiece .model file there")
   return SentencePieceTokenizer(p.read_bytes(), lowercase=lowercase,
@@ -322,7 +324,6 @@ def load_sentencepiece(path: str, lowercase: bool = False) -> SentencePieceToken
 
 
 def _wordpiece_from_vocab(text: str, lowercase: bool):
-  from tokenizers import Tokenizer as HfTok, decoders, models, normalizers, pre_tokenizers  # pylint: disable=g-import-not-at-top
   vocab = {}
   for line in text.splitlines():
     token = line.rstrip("\r\n")
@@ -359,8 +360,7 @@ def load_hf(path: str, lowercase: bool = False) -> HFTokenizer:
   text is lower-cased and accents stripped (as BERT-uncased does) even when `lowercase`
   is False.
   """
-  from tokenizers import Tokenizer as HfTok  # pylint: disable=g-import-not-at-top
-  p = _path(path)
+  p = epath.Path(path)
   if path and p.is_dir():
     for name in ("tokenizer.json", "vocab.txt"):
       if (p / name).exists():
@@ -402,7 +402,6 @@ def train_sentencepiece(documents: Sequence[str], vocab_size: int, model_type: s
 
   Ids: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4, then the learned pieces.
   """
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   if model_type not in SPM_MODEL_TYPES:
     raise ValueError(f"tokenizer.model_type={model_type!r}; expected one of {SPM_MODEL_TYPES}")
   if vocab_size <= len(BERT_SPECIALS):
@@ -424,17 +423,10 @@ def train_sentencepiece(documents: Sequence[str], vocab_size: int, model_type: s
   return buf.getvalue()
 
 
-def _path(path):
-  from etils import epath  # pylint: disable=g-import-not-at-top
-  return epath.Path(path)
-
-
 def _broadcast_bytes(data: bytes | None) -> bytes:
   """Process 0's `data` on every JAX process (identity with one process)."""
-  import jax  # pylint: disable=g-import-not-at-top
   if jax.process_count() == 1:
     return data
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   n = np.array(len(data) if data is not None else 0, np.int64)
   n = int(multihost_utils.broadcast_one_to_all(n))
   buf = np.zeros((n,), np.uint8)
@@ -452,7 +444,6 @@ def _trained_sentencepiece(tok_config, workdir, documents_fn,
                            multihost: bool = True) -> SentencePieceTokenizer:
   settings = _spm_settings(tok_config)
   if multihost:
-    import jax  # pylint: disable=g-import-not-at-top
     is_chief = jax.process_index() == 0
   else:
     is_chief = True
@@ -460,7 +451,7 @@ def _trained_sentencepiece(tok_config, workdir, documents_fn,
   if is_chief:
     model_file = meta_file = None
     if workdir:
-      tok_dir = _path(workdir) / "tokenizer"
+      tok_dir = epath.Path(workdir) / "tokenizer"
       model_file, meta_file = tok_dir / "spm.model", tok_dir / "spm.json"
     if model_file is not None and model_file.exists():
       if meta_file.exists():

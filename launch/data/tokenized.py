@@ -15,6 +15,7 @@ import re
 from typing import Sequence
 
 import numpy as np
+from etils import epath
 
 from launch.data import tokenization
 
@@ -116,7 +117,6 @@ def tokenize_documents(tokenizer: tokenization.Tokenizer, docs: Sequence[str],
 
 def save_npz(path, arrays: dict[str, np.ndarray]) -> None:
   """Writes `arrays` to `path` atomically (a temporary file, then a rename)."""
-  from etils import epath  # pylint: disable=g-import-not-at-top
   path = epath.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   buf = io.BytesIO()
@@ -128,7 +128,6 @@ def save_npz(path, arrays: dict[str, np.ndarray]) -> None:
 
 def load_npz(path) -> dict[str, np.ndarray] | None:
   """The arrays of `path`, or None when it is missing or unreadable."""
-  from etils import epath  # pylint: disable=g-import-not-at-top
   path = epath.Path(path)
   if not path.exists():
     return None

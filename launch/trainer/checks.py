@@ -23,9 +23,22 @@ from __future__ import annotations
 import logging
 import math
 
+import jax
 import ml_collections
+from etils import epath
 
+import encoders
+import objectives
+from encoders.layers import core
 from launch.cli import ConfigError
+from launch.data import pipeline as pipeline_lib
+from launch.data import sources
+from launch.trainer import compile_cache
+from launch.trainer import fingerprint as fp_lib
+from launch.trainer import guard as guard_lib
+from launch.trainer import optim
+from launch.trainer import sharding as shard_lib
+from launch.trainer import state as state_lib
 
 log = logging.getLogger("encoder_zoo")
 WARMUP_FRACTION = 0.1  # a clamped warmup: this fraction of the run
@@ -98,9 +111,6 @@ _ACTIVATION_KEYS = ("hidden_act", "hidden_activation", "classifier_activation",
 def _check_settings(config):
   """Every enum, range and rate of the data, train, optimizer, checkpoint and model
   sections (the objective's own: its `check_config`), in one line each."""
-  from launch.trainer import fingerprint as fp_lib
-  from launch.trainer import guard as guard_lib
-  from launch.trainer import optim
   data, t, opt = config.data, config.train, config.optimizer
   # data.bad_data, max_document_bytes, min_printable_ratio: launch.data.pipeline.validate
   if int(data.get("max_documents", -1)) != -1:
@@ -136,7 +146,6 @@ def _check_settings(config):
   for key, value in m.items():
     if "dropout" in key and isinstance(value, (int, float)):
       _number(f"model.{key}", value, 0, 1, high_open=True)
-  from encoders.layers import core
   for key in _ACTIVATION_KEYS:
     if key in m and m[key]:
       try:
@@ -170,12 +179,10 @@ def clamp_warmup(config) -> str | None:
 def _check_files(config):
   data, tok = config.data, config.tokenizer
   if data.source == "text":
-    from launch.data import sources
     _as_error(sources.expand_globs, data.files)
     if data.get("eval_split"):
       _as_error(sources.expand_globs, data.eval_split, "data.eval_split")
   if tok.kind in ("sentencepiece", "hf") and not config.get("init_from", ""):
-    from etils import epath
     if not tok.path:
       _fail(f"tokenizer.kind={tok.kind} needs --config.tokenizer.path (a "
             f"{'.model file' if tok.kind == 'sentencepiece' else 'tokenizer.json or vocab.txt'})")
@@ -186,7 +193,6 @@ def _check_files(config):
 
 def _check_length(config):
   """data.seq_len against the model's positions (after init_from / teacher settings)."""
-  import encoders
   seq_len = int(config.data.seq_len)
   model = _as_error(encoders.build, config.model)
   limit = model.max_length()
@@ -205,9 +211,7 @@ def _check_length(config):
 
 
 def _check_batch(config, devices):
-  import jax
 
-  from launch.trainer import sharding as shard_lib
   mesh = _as_error(shard_lib.make_mesh, config.mesh.shape, devices)
   axes = dict(shard_lib.rules_tuple(config.mesh.rules)).get("act_batch")
   axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
@@ -230,8 +234,6 @@ def _check_batch(config, devices):
 
 def check(config, devices=None) -> ml_collections.ConfigDict:
   """The start-up checks (module docstring); -> a private unlocked copy of `config`."""
-  import objectives
-  from launch.data import pipeline as pipeline_lib
   out = ml_collections.ConfigDict(config.to_dict())
   _check_steps(out)
   _check_settings(out)
@@ -239,9 +241,7 @@ def check(config, devices=None) -> ml_collections.ConfigDict:
   _as_error(objectives.objective_class, out)
   _as_error(objectives.objective_class(out).check_config, out)  # masking rates, enums
   _check_files(out)
-  from launch.trainer import compile_cache
   _as_error(compile_cache.resolve, out.train.get("compilation_cache_dir", ""), "")
-  from launch.trainer import state as state_lib
   _as_error(state_lib.compiler_options, out, "cpu")  # train.tpu_scoped_vmem_kib, any host
   scratch = ml_collections.ConfigDict(out.to_dict())
   _as_error(objectives.prepare_config, scratch)  # reads init_from / teacher; writes nothing

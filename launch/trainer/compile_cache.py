@@ -29,6 +29,9 @@ import logging
 import os
 from typing import Optional
 
+import jax
+from jax.experimental.compilation_cache import compilation_cache as cc
+
 log = logging.getLogger(__name__)
 
 WORKDIR = "{workdir}"
@@ -53,13 +56,11 @@ def resolve(template: str, workdir: str) -> str:
 def enable(template: str, workdir: str) -> Optional[str]:
   """Turns the cache on for this process; returns the directory in use (None: off)."""
   global _set_here
-  import jax
   path = resolve(template, workdir)
   current = jax.config.jax_compilation_cache_dir
   if current and current == _set_here:  # an earlier run in this process (e.g. an ablation)
     if path == current:
       return current
-    from jax.experimental.compilation_cache import compilation_cache as cc
     cc.reset_cache()  # JAX reads the directory once; let the next compile read the new one
     jax.config.update("jax_compilation_cache_dir", None)
     _set_here = current = None

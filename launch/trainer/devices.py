@@ -9,8 +9,13 @@ between runs instead of moving with the load at start-up.
 """
 import json
 import os
+import platform
 import resource
+import time
 from typing import Any, Dict, Optional
+
+import jax
+import jax.numpy as jnp
 
 # Published dense bf16 peak FLOP/s per chip (TPU: per chip; GPU: dense, no sparsity).
 PEAK_BF16 = {
@@ -41,8 +46,6 @@ def measure_cpu_matmul_flops(sizes=(1024, 2048), dtype="float32", repeats: int =
   """Measured dense-matmul FLOP/s of this CPU: the best over square matmuls of `sizes`
   (jitted, all cores, `repeats` timings each) — the CPU's "peak". Cached per process
   unless `cached=False` (a benchmark measures it again at each end of its run)."""
-  import jax
-  import jax.numpy as jnp
   if isinstance(sizes, int):
     sizes = (sizes,)
   key = (tuple(sizes), str(dtype))
@@ -60,7 +63,6 @@ def measure_cpu_matmul_flops(sizes=(1024, 2048), dtype="float32", repeats: int =
 def best_rate(run, flops: float, repeats: int) -> float:
   """FLOP/s of the fastest of `repeats` timed calls of `run` (which does `flops` and
   returns when done), after one untimed call. Shared by JAX's and torch's peak probes."""
-  import time
   run()
   best = 0.0
   for _ in range(repeats):
@@ -96,7 +98,6 @@ def _cpu_name() -> str:
           return line.split(":", 1)[1].strip()
   except OSError:
     pass
-  import platform
   return platform.processor() or platform.machine()
 
 
@@ -109,7 +110,6 @@ def cpu_peak_flops(dtype="float32", path=None, measure=None) -> float:
   An older entry is measured again and replaced: the same VM type gave 185 to 383
   GFLOP/s in float32 on different days, and a stale peak makes every MFU wrong. (The
   benchmarks measure the peak in their own run instead: launch/perf/bench/runs.py.)"""
-  import time
   if os.environ.get(CPU_PEAK_ENV):
     return float(os.environ[CPU_PEAK_ENV])
   path = path or cpu_peak_cache_path()
@@ -183,7 +183,6 @@ def memory_bytes(compiled, code: bool = False) -> Optional[int]:
 
 def measured_peak_bytes() -> Dict[str, Any]:
   """The device's measured peak memory where it reports one, else the process's RSS."""
-  import jax
   stats = jax.devices()[0].memory_stats()
   if stats and "peak_bytes_in_use" in stats:
     return {"device_peak_bytes": int(stats["peak_bytes_in_use"])}

@@ -27,6 +27,8 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
+from etils import epath
+
 FILE = "run_fingerprint.json"
 RUNTIME_MODEL_KEYS = ("dtype", "attention_impl", "remat_policy", "scan_layers",
                       "vocab_pad_multiple", "relative_impl", "relative_block", "variant")
@@ -120,7 +122,6 @@ def refusal(workdir: str, step: int, refused: Dict) -> str:
 
 def _path(workdir: str):
   if "://" in workdir:
-    from etils import epath  # gs:// work directories
     return epath.Path(workdir) / FILE
   return None
 

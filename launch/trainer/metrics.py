@@ -5,6 +5,8 @@ import logging
 import os
 import time
 
+from launch.trainer import plotting
+
 log = logging.getLogger("encoder_zoo")
 
 JSONL = "metrics.jsonl"
@@ -49,23 +51,28 @@ class MetricWriter:
 _TAIL = ("learning_rate", "tokens_per_s", "mfu", "eta_s")
 
 
-def _shown(m):
+def _shown(m, split="train"):
   """Every `<prefix>_loss` and `<prefix>_accuracy` (by prefix, loss first), then the
-  progress numbers."""
+  progress numbers; an evaluation also shows its other scores (F1, EM, correlations)."""
   terms = sorted((k for k in m if k.endswith("_loss") or k.endswith("_accuracy")),
                  key=lambda k: (k.rsplit("_", 1)[0], not k.endswith("_loss")))
+  if split != "train":
+    terms += sorted(k for k in m if k not in terms and k not in _TAIL and k != "epoch"
+                    and not k.endswith("_count"))
   return terms + [k for k in _TAIL if k in m]
 
 
 def format_line(step, split, m):
   parts = [f"[{split}] step {step}"]
+  if "epoch" in m:
+    parts.append(f"epoch {int(m['epoch'])}")
   if m.get("skipped_total"):  # nonfinite_policy=skip: never a silent 0.0000 loss
     n, applied = int(m.get("skipped_steps", 0)), m.get("applied_steps")
     note = f"skipped {n}" + (f" of {n + int(applied)}" if applied is not None else "")
     parts.append(f"{note} (run {int(m['skipped_total'])})")
   if m.get("bad_data_skipped"):
     parts.append(f"bad data skipped {int(m['bad_data_skipped'])}")
-  for k in _shown(m):
+  for k in _shown(m, split):
     v = m[k]
     if not isinstance(v, (int, float)):
       continue
@@ -140,5 +147,4 @@ def skipped_before(workdir, upto: int) -> int:
 
 def plot(workdir, out_name="loss.png"):
   """The loss/accuracy plot of the run's metrics (launch/trainer/plotting.py)."""
-  from launch.trainer import plotting
   return plotting.plot(read(workdir), os.path.join(workdir, out_name))

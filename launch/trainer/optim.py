@@ -47,6 +47,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from launch.trainer.stable_adamw import stable_adamw
+
 __all__ = [
     "make_optimizer",
     "make_schedule",
@@ -188,7 +190,6 @@ def make_optimizer(opt_config, total_steps):
     base = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
                        mask=decay_mask)
   elif name == "stable_adamw":  # per-tensor update clipping (launch/trainer/stable_adamw.py)
-    from launch.trainer.stable_adamw import stable_adamw
     base = stable_adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
                         mask=decay_mask)
   else:

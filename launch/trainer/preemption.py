@@ -15,13 +15,14 @@ import signal
 import threading
 
 import jax
+from jax._src import distributed  # private: no public way to ask for the preemption sync manager
+from jax.experimental import multihost_utils
 
 log = logging.getLogger("encoder_zoo")
 
 
 def _sync_manager_ready() -> bool:
   try:
-    from jax._src import distributed  # pylint: disable=g-import-not-at-top
     return distributed.global_state.preemption_sync_manager is not None
   except Exception:  # pylint: disable=broad-except
     return False
@@ -43,7 +44,6 @@ class StopFlag:
   def poll(self, step: int) -> bool:
     """Called by every process after every step; True when the run must save and stop."""
     if self.multihost and not self.requested:
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       if multihost_utils.reached_preemption_sync_point(step):
         log.info("preemption: all %d processes stop at step %d", jax.process_count(), step)
         self.requested = True

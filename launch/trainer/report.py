@@ -7,12 +7,15 @@ from __future__ import annotations
 import logging
 import os
 
+from etils import epath
+
+from launch.trainer import metrics
+
 log = logging.getLogger("encoder_zoo")
 
 
 def _exists(path: str) -> bool:
   if "://" in path:
-    from etils import epath
     return epath.Path(path).exists()
   return os.path.exists(path)
 
@@ -23,7 +26,6 @@ def latest_checkpoint_step(workdir: str) -> int | None:
   without opening a checkpoint manager (which would write)."""
   d = os.path.join(workdir, "checkpoints")
   if "://" in workdir:
-    from etils import epath
     p = epath.Path(d)
     names = [c.name for c in p.iterdir()] if p.exists() else []
   else:
@@ -34,7 +36,6 @@ def latest_checkpoint_step(workdir: str) -> int | None:
 
 def final_eval(workdir: str) -> dict:
   """The last held-out evaluation in `workdir/metrics.jsonl` ({} when there is none)."""
-  from launch.trainer import metrics
   try:
     records = metrics.read(workdir)
   except OSError:

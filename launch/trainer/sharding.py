@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend import core as jcore
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -160,7 +161,6 @@ def split_over_data(params, shardings, mesh: Mesh, min_size: int = MIN_SPLIT_SIZ
 def _sub_jaxprs(eqn, i):
   """(jaxpr, var) pairs that input `i` of a call-like equation becomes inside it, or None
   when it cannot be followed (then the input counts as read as it is)."""
-  from jax.extend import core as jcore
   open_ = lambda j: j.jaxpr if isinstance(j, jcore.ClosedJaxpr) else j
   name = eqn.primitive.name
   if name == "cond":

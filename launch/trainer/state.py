@@ -57,7 +57,6 @@ def _split(objective, boxed_keys):
 def _resolve_attention(config, mesh):
   """`attention_impl: auto` -> the kernel for the mesh's platform and the run's sequence
   length (encoders.base.resolve_attention), logged with its reason."""
-  from encoders import base
   line = base.resolve_attention(config.model, mesh.devices.flat[0].platform,
                                 config.get("data", {}).get("seq_len"))
   log = logging.getLogger("encoder_zoo")

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from launch.trainer import guard
 from objectives import losses
 
 EVAL_SEED = 1234  # eval batch i is transformed with fold_in(PRNGKey(EVAL_SEED), i)
@@ -74,7 +75,6 @@ def gradients(objective, trained, frozen, batch, rng, accum: int, view=None):
 
 
 def make_train_step(objective, tx, schedule, accum: int, train_cfg=None, view=None):
-  from launch.trainer import guard  # pylint: disable=g-import-not-at-top
   def train_step(state: TrainState, batch):
     transform_rng, rng = jax.random.split(jax.random.fold_in(state.rng, state.step))
     batch = objective.transform(batch, transform_rng)
