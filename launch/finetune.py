@@ -1,31 +1,17 @@
-"""Fine-tuning entry point: a task head on a pretrained HF directory, with the one
-trainer's setup (mesh, sharded init, exact-accumulation train step, optimizer, Orbax
-checkpoints, metrics writer).
+"""Fine-tuning: a task head (encoders/tasks) on a pretrained HF directory, trained by the
+one loop (launch/trainer/loop.py) as a `FinetuneJob`.
 
   python -m launch.finetune --config configs/finetune.py:sequence \
       --config.init_from=DIR --workdir /tmp/ft --config.finetune.train_file=train.csv
 
-Before anything is read or written, `validate` checks the settings (one line naming each
-bad key). The work directory must be new, empty or this project's (its marker file; a work
-directory of an earlier version is recognised); a second run on it is refused while the
-first holds its lock (launch/trainer/lock.py).
-
-Data (launch/data/finetune_data.py): bad rows follow `data.bad_data` ("skip": counted in
-the run summary and on the console; "error": stop naming the file and line); the label
-set is `finetune.labels` or the training rows' labels, and an eval label outside it is an
-error or skipped and counted (`finetune.unknown_eval_labels`).
-
-Per epoch: train on the shuffled rows (seed train.seed * 1000 + epoch), evaluate on the
-held-out rows (classification: accuracy, macro-F1; tagging: entity F1; QA: EM, F1;
-regression: Pearson, Spearman), write the metrics (metrics.jsonl, the console), checkpoint
-the state, and keep the best epoch's weights as an HF directory (`best/`, by
-`selection_metric`). A SIGTERM saves the state with its place in the epoch (epoch, batch;
-also every `checkpoint.every` steps when set), and the same command resumes there with the
-same batches: the run ends as an uninterrupted one would. At the end: `hf/` (the best
-weights, loadable by transformers' task class, with id2label and the checkpoint's
-tokenizer), `predictions.jsonl` (the best epoch's eval predictions), `results.json`, and for
-classification `confusion_matrix.png`. best/ and hf/ are replaced atomically (a temporary
-directory renamed into place), and only when they are this run's own.
+The loop gives it what pretraining has: start-up checks before anything is read or
+written, the work directory's claim and lock, checkpoints every `checkpoint.every` steps
+and at every epoch end, a SIGTERM that saves the place in the epoch (the same command
+resumes there with the same batches and ends as an uninterrupted run), the NaN guard,
+progress with ETA, TensorBoard and metrics.jsonl. The job adds the epochs, an evaluation
+at each epoch end that keeps the best epoch (`best/`, `predictions.jsonl`), and at the end
+`hf/` (the best weights, loadable by transformers' task class), `results.json` and, for
+classification, `confusion_matrix.png`. Data: launch/data/finetune_data.py.
 """
 import hashlib
 import json
@@ -33,8 +19,6 @@ import logging
 import math
 import os
 import shutil
-import signal
-import threading
 import time
 from typing import Optional
 
@@ -42,13 +26,22 @@ import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
+from absl import app, flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
 
 import objectives
 from encoders import outdir
+from launch import cli
 from launch.data import badinput
 from launch.data import finetune_data as fd
+from launch.trainer import checks
+from launch.trainer import fingerprint as fp_lib
+from launch.trainer import guard as guard_lib
+from launch.trainer import hostmem
+from launch.trainer import loop
+from launch.trainer import sharding as shard_lib
 from objectives import finetune as ft_objective  # noqa: F401  (registers "finetune")
-from objectives import losses
 from objectives import task_metrics as tm
 
 log = logging.getLogger("encoder_zoo")
@@ -68,7 +61,6 @@ def predict(setup, params, arrays, batch_size, buckets=None):
   """Model outputs on every row of `arrays` (numpy, padding rows dropped). Batches cut
   to a length bucket have their per-token outputs padded back to the arrays' width:
   token logits with 0, QA start/end logits with -1e9 (no span starts or ends there)."""
-  from launch.trainer import sharding as shard_lib
   objective = setup.objective
   rules = shard_lib.rules_tuple(setup.config.mesh.rules)
   fields = ("logits",) if objective.task != "qa" else ("start_logits", "end_logits")
@@ -108,7 +100,6 @@ def validate(config, devices=None) -> None:
   written: raises one cli.ConfigError naming each bad key, its value and the fix (the
   fine-tuning keys first, all in one line; then the trainer's checks of the shared
   sections)."""
-  from launch.cli import ConfigError
   errs = fd.config_errors(config)
   if config.data.get("bad_data", "skip") not in badinput.POLICIES:
     errs.append(f"data.bad_data={config.data.get('bad_data')!r}; expected one of "
@@ -123,38 +114,15 @@ def validate(config, devices=None) -> None:
   if int(config.checkpoint.keep) < 1:
     errs.append(f"checkpoint.keep={config.checkpoint.keep} must be >= 1")
   if errs:
-    raise ConfigError("; ".join(errs))
+    raise cli.ConfigError("; ".join(errs))
   # The trainer's start-up checks (launch/trainer/checks.py): every enum and rate of the
   # shared sections, data.seq_len against the checkpoint's positions, the batch against
   # the devices. On a scratch copy: the steps come from the epochs later, and checkpoints
   # are taken at epoch ends when checkpoint.every is 0.
-  from launch.trainer import checks
   scratch = ml_collections.ConfigDict(config.to_dict())
   scratch.train.steps = 10**9
   scratch.checkpoint.every = int(scratch.checkpoint.get("every", 0) or 0) or 10**9
   checks.check(scratch, devices)
-
-
-def _claim_workdir(workdir: str) -> str:
-  """The work directory, created with the project's marker or accepted as ours (the
-  marker; or a work directory of an earlier version: checkpoints/ with best.json, or
-  results.json, whose best/ and hf/ exports are then ours too). A non-empty directory
-  the project did not write is refused (outdir.OutputDirError) and left untouched; so is
-  a best/ or hf/ inside ours that holds something else."""
-  legacy = (os.path.isdir(workdir) and not outdir.is_ours(workdir) and (
-      os.path.isfile(os.path.join(workdir, "results.json")) or (
-          os.path.isdir(os.path.join(workdir, "checkpoints"))
-          and os.path.isfile(os.path.join(workdir, "best.json")))))
-  if legacy:
-    outdir.write_marker(workdir, WRITER)
-    for sub in ("best", "hf"):
-      d = os.path.join(workdir, sub)
-      if os.path.isfile(os.path.join(d, "config.json")) and not outdir.is_ours(d):
-        outdir.write_marker(d, WRITER)
-  workdir = outdir.claim_dir(workdir, WRITER, writers=(WRITER,))
-  for sub in ("best", "hf"):
-    outdir.check_target(os.path.join(workdir, sub), f"the run's {sub}/ export")
-  return workdir
 
 
 def _better(value, best) -> bool:
@@ -182,60 +150,11 @@ def _export(setup, params, init_from, path):
     _copy_tokenizer(init_from, tmp)
 
 
-def run(config, workdir: str, devices=None, stop_after: Optional[int] = None):
-  """Fine-tunes as configured; returns {"best", "history", "workdir", ...}.
-
-  Resumable at any step: a SIGTERM (or `stop_after`: stop after that global step, as a
-  preemption would) saves the state with its place in the epoch and returns
-  {"stopped": True, "epoch", "batch", "step", ...}; the same call again continues from
-  there and ends as an uninterrupted run would (the same batches, in the same order).
-
-  Callers that are their own process should call launch.trainer.hostmem.tune_malloc() before
-  JAX starts, as main() does: without it every step re-faults XLA's temporary buffer
-  (measured in docs/finetune.md, "Fine-tuning")."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  validate(config, devices)  # one line naming bad settings, before anything is read/written
-  workdir = _claim_workdir(os.path.abspath(workdir))
-  from launch.trainer import lock as lock_lib
-  handle = lock_lib.acquire(workdir, enabled=jax.process_index() == 0)
-  try:
-    return _run(config, workdir, devices, stop_after)
-  finally:
-    lock_lib.release(handle)
-
-
-def _log_train(writer, config, skips, per_step, step):
-  """The train metrics of the steps since the last log (`per_step`: their host metric
-  sums) as the pretraining loop writes them: under train.nonfinite_policy="stop" a
-  skipped (non-finite) update raises; under "skip" the skipped updates are counted (and
-  too many in a row raise guard.Diverged), the means are over the applied steps, and an
-  interval with every update skipped shows no loss."""
-  from launch.trainer import guard as guard_lib
-  host = {}
-  for s in per_step:
-    host = losses.add_metrics(host, s)
-  n = len(per_step)
-  guard_lib.check(host, config.train, step, step - n)
-  n_skipped = skips.observe(step - n + 1, per_step)
-  applied = n - n_skipped
-  lr, gnorm = float(host.pop("learning_rate")) / n, float(host.pop("grad_norm"))
-  metrics = losses.finalize_metrics({k: float(v) for k, v in host.items()})
-  if applied:
-    metrics["grad_norm"] = gnorm / applied
-  else:
-    metrics = {k: v for k, v in metrics.items()
-               if k.endswith("_count") or k in guard_lib.COUNTERS}
-  if guard_lib.COUNTERS[0] in host:
-    metrics.update(skipped_steps=n_skipped, applied_steps=applied, skipped_total=skips.total)
-  writer.write(step, "train", dict(metrics, learning_rate=lr))
-
-
 def _fingerprint(config, train, labels):
   """What the run is (launch/trainer/fingerprint.py's settings: model, init_from, data,
   objective) and what it trains on: a hash of the encoded training rows, the label set,
   the task, packing and the shuffling seed. Saved with every checkpoint; a resume with a
   different one is refused, naming the keys."""
-  from launch.trainer import fingerprint as fp_lib
   f = config.finetune
   h = hashlib.sha256()
   for k in sorted(train):
@@ -245,197 +164,263 @@ def _fingerprint(config, train, labels):
       "finetune.train_rows": f"{len(train['example_weight'])} rows, sha256 "
                              f"{h.hexdigest()[:16]}",
       "finetune.labels": list(labels), "finetune.task": str(f.task),
-      "finetune.regression": bool(f.regression),
+      "finetune.regression": bool(f.get("regression", False)),
       "finetune.packing": bool(f.get("packing", False)), "train.seed": int(config.train.seed)})
 
 
-def _position(epoch, batch, history, train_tokens, pack, times, fingerprint):
-  """The data state saved with a checkpoint: where in which epoch, the run so far, and
-  what the run is (`_fingerprint`)."""
-  return {"epoch": epoch, "batch": batch, "history": history, "train_tokens": train_tokens,
-          "packed_rows_seen": sorted(pack["seen"]) if pack else [], **times,
-          "fingerprint": fingerprint}
+class _Epochs:
+  """The training batches, epoch after epoch (each shuffled with seed train.seed * 1000 +
+  epoch), from a place in an epoch; `get_state` is what a checkpoint keeps."""
+
+  def __init__(self, job, epoch: int, batch: int):
+    self.job, self.epoch, self.batch = job, epoch, batch
+    self._it = None
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    job = self.job
+    while True:
+      if self._it is None:
+        if self.batch == 0 or job.t_epoch is None:
+          job.t_epoch = time.perf_counter()
+        self._it = iter(fd.batches(job.train, job.global_batch,
+                                   seed=job.seed * 1000 + self.epoch, buckets=job.buckets,
+                                   pack=job.pack, start=self.batch))
+      try:
+        b = next(self._it)
+      except StopIteration:
+        self.epoch, self.batch, self._it = self.epoch + 1, 0, None
+        continue
+      self.batch += 1
+      return b
+
+  def place(self):
+    """(epoch, batch): the next batch to train; an epoch's end is the next one's start."""
+    if self.batch >= self.job.steps_per_epoch:
+      return self.epoch + 1, 0
+    return self.epoch, self.batch
+
+  def get_state(self):
+    epoch, batch = self.place()
+    return self.job.position(epoch, batch)
 
 
-def _run(config, workdir, devices, stop_after):
-  from launch import trainer
-  from launch.trainer import checkpoint as ckpt_lib
-  from launch.trainer import guard as guard_lib
-  from launch.trainer import metrics as metrics_lib
-  from launch.trainer import preemption as preemption_lib
-  from launch.trainer import sharding as shard_lib
-  from launch.trainer import compile_cache
-  compile_cache.enable(config.train.get("compilation_cache_dir", ""), workdir)
-  f = config.finetune
-  objectives.prepare_config(config)  # model section + tokenizer path from init_from
-  tok = fd.load_tokenizer(config.init_from, config.tokenizer.get("lowercase", False))
-  t0 = time.perf_counter()
-  data_report = {}
-  train, evals, info, labels = fd.load_data(config, tok, report=data_report)
-  f.labels = tuple(labels)
-  n_train = len(train["example_weight"])
-  gb = int(config.data.global_batch)
-  steps_per_epoch = -(-n_train // gb)
-  epochs = int(f.epochs)
-  config.train.steps = steps_per_epoch * epochs
-  setup = trainer.build(config, _TokenizerInfo(tok, int(config.model.pad_token_id)), devices)
-  fingerprint = _fingerprint(config, train, labels)
-  manager = ckpt_lib.Manager(os.path.join(workdir, "checkpoints"), config.checkpoint)
-  restored = manager.restore_latest(setup.abstract_state)
-  if restored is None:
-    state, pos = setup.init_state(), {"epoch": 0, "batch": 0}
-  else:
-    state, pos = restored[0], dict(restored[1] or {})
+class FinetuneJob(loop.Job):
+  """Fine-tuning as a job of the one loop (launch/trainer/loop.py): labelled rows in
+  epochs, an evaluation at every epoch end that keeps the best epoch's weights (`best/`,
+  `predictions.jsonl`, `best.json`), and at the end `hf/` (the best weights),
+  `results.json` and, for classification, `confusion_matrix.png`."""
+  writer = WRITER
+  export_writer = WRITER
+
+  def __init__(self):
+    self.data_report, self.history, self.best = {}, [], None
+    self.train_tokens, self.train_time, self.epoch_times = 0, 0.0, []
+    self.t_epoch = None
+    self.batches = None
+
+  def check(self, config, devices):
+    config = ml_collections.ConfigDict(config.to_dict())
+    validate(config, devices)  # one line naming bad settings, before anything is read
+    return config
+
+  def legacy(self, workdir):
+    """An earlier version's run: results.json, or checkpoints/ with best.json."""
+    return os.path.isfile(os.path.join(workdir, "results.json")) or (
+        os.path.isdir(os.path.join(workdir, "checkpoints"))
+        and os.path.isfile(os.path.join(workdir, "best.json")))
+
+  def adopt(self, workdir):
+    for sub in ("best", "hf"):  # its exports are ours too
+      d = os.path.join(workdir, sub)
+      if os.path.isfile(os.path.join(d, "config.json")) and not outdir.is_ours(d):
+        outdir.write_marker(d, WRITER)
+
+  def export_check(self, path):
+    outdir.check_target(path, WRITER)
+
+  def prepare(self, config, workdir):
+    self.workdir, f = workdir, config.finetune
+    for sub in ("best", "hf"):  # a user's files there: refused before any training
+      outdir.check_target(os.path.join(workdir, sub), f"the run's {sub}/ export")
+    objectives.prepare_config(config)  # model section + tokenizer path from init_from
+    tok = fd.load_tokenizer(config.init_from, config.tokenizer.get("lowercase", False))
+    t0 = time.perf_counter()
+    self.train, self.evals, self.info, labels = fd.load_data(config, tok,
+                                                             report=self.data_report)
+    self.data_s = time.perf_counter() - t0
+    f.labels = self.labels = tuple(labels)
+    self.n_train = len(self.train["example_weight"])
+    self.global_batch = int(config.data.global_batch)
+    self.steps_per_epoch = -(-self.n_train // self.global_batch)
+    self.epochs = int(f.epochs)
+    config.train.steps = self.steps_per_epoch * self.epochs
+    self.seed = int(config.train.seed)
+    self.buckets = fd.length_buckets(f.get("length_buckets", "auto"),
+                                     int(config.data.seq_len))
+    self.select = fd.selection_metric(config) if hasattr(fd, "selection_metric") else \
+        fd.SELECTION["regression" if f.get("regression", False) else f.task]
+    self.tokenizer = _TokenizerInfo(tok, int(config.model.pad_token_id))
+    self.fingerprint = _fingerprint(config, self.train, labels)
+    self.config = config
+    best_path = os.path.join(workdir, "best.json")
+    if os.path.isfile(best_path):
+      with open(best_path) as fp:
+        self.best = json.load(fp)
+    return config
+
+  def start(self, setup):
+    self.setup, self.pack, self.seen = setup, None, set()
+    f = self.config.finetune
+    if f.get("packing", False):
+      unit = shard_lib.batch_unit(setup.mesh, self.config.mesh.rules,
+                                  int(self.config.optimizer.get("grad_accum_steps", 1)))
+      self.pack = {"task": f.task, "rows": fd.row_buckets(self.global_batch, unit),
+                   "pad_id": int(self.config.model.pad_token_id), "seen": self.seen}
+    self.batches = _Epochs(self, 0, 0)
+
+  def resume(self, data_state, step, workdir):
+    pos = dict(data_state or {})
+    spe = self.steps_per_epoch
     if "batch" not in pos:  # an earlier version's epoch-end checkpoint: {"epoch": done}
-      pos = {"epoch": int(state.step) // steps_per_epoch, "batch": 0}
+      pos = {"epoch": step // spe, "batch": 0}
     if "fingerprint" in pos:
-      from launch.cli import ConfigError
-      from launch.trainer import fingerprint as fp_lib
-      refused, accepted = fp_lib.compare(pos["fingerprint"], fingerprint, fp_lib.parse_allowed(
-          config.train.get("allow_config_change", "")))
+      refused, accepted = fp_lib.compare(pos["fingerprint"], self.fingerprint,
+                                         fp_lib.parse_allowed(self.config.train.get(
+                                             "allow_config_change", "")))
       if refused:
-        manager.close()
-        raise ConfigError(fp_lib.refusal(workdir, int(state.step), refused))
+        raise cli.ConfigError(fp_lib.refusal(workdir, step, refused))
       if accepted:
         log.warning("resuming with changed settings (train.allow_config_change): %s",
                     fp_lib.describe(accepted))
-    if int(state.step) != int(pos["epoch"]) * steps_per_epoch + int(pos["batch"]):
-      from launch.cli import ConfigError
-      manager.close()
-      raise ConfigError(
-          f"{workdir}: the checkpoint of step {int(state.step)} was saved at epoch "
-          f"{int(pos['epoch']) + 1} batch {pos['batch']}, which is step "
-          f"{int(pos['epoch']) * steps_per_epoch + int(pos['batch'])} with this run's "
-          f"{steps_per_epoch} steps per epoch: the training rows or data.global_batch "
-          "changed since; use a new --workdir")
-    log.info("resuming at epoch %d, batch %d of %d (step %d)", int(pos["epoch"]) + 1,
-             int(pos["batch"]), steps_per_epoch, int(state.step))
-  writer = metrics_lib.MetricWriter(workdir, config.logging.tensorboard,
-                                    is_main=jax.process_index() == 0)
-  writer.write_json("run", {"task": f.task, "labels": list(labels), "train_rows": n_train,
-                            "eval_rows": len(evals["example_weight"]),
-                            "steps": config.train.steps, "data_s": time.perf_counter() - t0,
-                            "data": data_report})
-  kind = "regression" if f.regression else f.task
-  select = fd.SELECTION[kind]
-  best_path = os.path.join(workdir, "best.json")
-  best = json.load(open(best_path)) if os.path.isfile(best_path) else None
-  history = list(pos.get("history", []))
-  train_tokens = int(pos.get("train_tokens", 0))
-  train_time = float(pos.get("train_s", 0.0))
-  epoch_times = list(pos.get("epoch_train_s", []))
-  buckets = fd.length_buckets(f.get("length_buckets", "auto"), int(config.data.seq_len))
-  pack = None
-  if f.get("packing", False):
-    unit = shard_lib.batch_unit(setup.mesh, config.mesh.rules,
-                                int(config.optimizer.get("grad_accum_steps", 1)))
-    pack = {"task": f.task, "rows": fd.row_buckets(gb, unit),
-            "pad_id": int(config.model.pad_token_id),
-            "seen": set(int(r) for r in pos.get("packed_rows_seen", []))}
-  every = int(config.checkpoint.get("every", 0) or 0)
-  log_every = int(config.train.log_every)
-  skips = guard_lib.SkipTracker(config.train, int(pos.get("skipped_total", 0)))
-  stop = preemption_lib.StopFlag()  # multi-process: all stop at one agreed step
-  main_thread = threading.current_thread() is threading.main_thread()
-  previous_handler = signal.getsignal(signal.SIGTERM) if main_thread else None
-  stop.install()
-  stopped = None
-  try:
-    for epoch in range(int(pos["epoch"]), epochs):
-      first = int(pos["batch"]) if epoch == int(pos["epoch"]) else 0
-      t_epoch, pending = time.perf_counter(), []
-      for i, b in enumerate(fd.batches(train, gb, seed=int(config.train.seed) * 1000 + epoch,
-                                       buckets=buckets, pack=pack, start=first), first):
-        state, sums = setup.train_step(state, shard_lib.global_batch(b, setup.batch_sharding))
-        pending.append(sums)
-        train_tokens += int(b["attention_mask"].sum())
-        step = epoch * steps_per_epoch + i + 1
-        if stop_after is not None and step >= stop_after:
-          stop.requested = True
-        stop.poll(step)
-        if (i + 1) % log_every == 0 or i + 1 == steps_per_epoch or stop.requested:
-          _log_train(writer, config, skips, jax.device_get(pending), step)
-          pending = []
-        if stop.requested or (every and step % every == 0 and i + 1 < steps_per_epoch):
-          guard_lib.check_pending(pending, config.train, step, step - len(pending))
-          spent = time.perf_counter() - t_epoch
-          manager.save(step, state, _position(
-              epoch, i + 1, history, train_tokens, pack,
-              {"train_s": train_time + spent, "epoch_train_s": epoch_times,
-               "skipped_total": skips.total}, fingerprint))
-        if stop.requested:
-          stopped = {"epoch": epoch, "batch": i + 1, "step": step}
-          break
-      if stopped is not None:
-        break
-      jax.block_until_ready(state.params)
-      epoch_times.append(time.perf_counter() - t_epoch)
-      train_time += epoch_times[-1]
-      outputs = predict(setup, state.params, evals, gb, buckets)
-      metrics, records = fd.score(config, outputs, info, labels)
-      flat = {k: v for k, v in metrics.items() if isinstance(v, float)}
-      step = (epoch + 1) * steps_per_epoch
-      writer.write(step, "eval", dict(flat, epoch=epoch + 1))
-      history.append(dict(flat, epoch=epoch + 1))
-      log.info("epoch %d/%d eval: %s", epoch + 1, epochs,
-               "  ".join(f"{k} {v:.4f}" for k, v in sorted(flat.items())))
-      if manager.latest_step() != step:  # else saved there already, by a stop
-        manager.save(step, state, _position(epoch + 1, 0, history, train_tokens, pack,
-                                            {"train_s": train_time,
-                                             "epoch_train_s": epoch_times,
-                                             "skipped_total": skips.total}, fingerprint))
-      if _better(flat[select], best and best["metrics"][select]):
-        best = {"epoch": epoch + 1, "metrics": metrics, "selection_metric": select}
-        if jax.process_index() == 0:
-          host_params = jax.device_get(state.params)
-          guard_lib.assert_finite_params(host_params, step, f"the export {workdir}/best")
-          _export(setup, host_params, config.init_from, os.path.join(workdir, "best"))
-          _write_atomic(os.path.join(workdir, "predictions.jsonl"),
-                        "".join(json.dumps(r) + "\n" for r in records))
-          _write_atomic(best_path, json.dumps(best))
-  finally:
-    manager.close()
-    if previous_handler is not None and not stop.multihost:
-      signal.signal(signal.SIGTERM, previous_handler)
-  if stopped is not None:
-    log.info("stopped at epoch %d batch %d/%d (step %d): checkpoint saved; the same command "
-             "resumes there", stopped["epoch"] + 1, stopped["batch"], steps_per_epoch,
-             stopped["step"])
-    writer.close()
-    return dict(stopped, stopped=True, workdir=workdir, history=history, best=best,
-                data=data_report, state=state)
-  skips.check_fraction(config.train.steps, int(state.step))  # a mostly-skipped run: no hf/
-  if jax.process_index() == 0:
-    hf_dir = os.path.join(workdir, "hf")
-    with outdir.atomic_dir(hf_dir, WRITER) as tmp:
-      src = os.path.join(workdir, "best")
-      for name in os.listdir(src):
-        if name != outdir.MARKER and os.path.isfile(os.path.join(src, name)):
-          shutil.copy(os.path.join(src, name), os.path.join(tmp, name))
-    if f.task == "sequence" and not f.regression and "confusion" in best["metrics"]:
-      tm.plot_confusion(np.asarray(best["metrics"]["confusion"]), labels,
+    epoch, batch = int(pos["epoch"]), int(pos["batch"])
+    if step != epoch * spe + batch:
+      raise cli.ConfigError(
+          f"{workdir}: the checkpoint of step {step} was saved at epoch {epoch + 1} batch "
+          f"{batch}, which is step {epoch * spe + batch} with this run's {spe} steps per "
+          "epoch: the training rows or data.global_batch changed since; use a new --workdir")
+    self.history = list(pos.get("history", []))
+    self.train_tokens = int(pos.get("train_tokens", 0))
+    partial = float(pos.get("epoch_s", 0.0))  # the stopped epoch's time so far
+    self.train_time = float(pos.get("train_s", 0.0)) - partial
+    self.t_epoch = time.perf_counter() - partial
+    self.epoch_times = list(pos.get("epoch_train_s", []))
+    self.seen.update(int(r) for r in pos.get("packed_rows_seen", []))
+    self.batches = _Epochs(self, epoch, batch)
+    log.info("resuming at epoch %d, batch %d of %d (step %d)", epoch + 1, batch, spe, step)
+
+  def train_iter(self, start_state=None):
+    return self.batches
+
+  def position(self, epoch, batch):
+    """The data state a checkpoint keeps: the place in the epochs, the run so far
+    (history, trained tokens and time) and what the run is (`_fingerprint`)."""
+    spent = time.perf_counter() - self.t_epoch if batch and self.t_epoch is not None else 0.0
+    return {"epoch": epoch, "batch": batch, "history": self.history,
+            "train_tokens": self.train_tokens, "packed_rows_seen": sorted(self.seen),
+            "train_s": self.train_time + spent, "epoch_s": spent,
+            "epoch_train_s": self.epoch_times, "fingerprint": self.fingerprint}
+
+  def record(self, setup):
+    return {"task": self.config.finetune.task, "labels": list(self.labels),
+            "train_rows": self.n_train, "eval_rows": len(self.evals["example_weight"]),
+            "data_s": self.data_s, "data": self.data_report}
+
+  def count_tokens(self, batch):
+    """Real tokens of the examples trained on (a row that only fills the batch: none)."""
+    mask = np.asarray(batch["attention_mask"])
+    if "example_weight" in batch:
+      mask = mask * (np.asarray(batch["example_weight"]) > 0)[:, None]
+    n = int(mask.sum())
+    self.train_tokens += n
+    return n
+
+  def bad_data_skipped(self):
+    return int(self.data_report.get("skipped_bad_rows", 0))
+
+  def eval_due(self, step, total):
+    return step % self.steps_per_epoch == 0
+
+  checkpoint_due = eval_due  # every epoch end, with its evaluation in the history
+
+  def evaluate(self, setup, state, step):
+    jax.block_until_ready(state.params)
+    self.epoch_times.append(time.perf_counter() - self.t_epoch)
+    self.train_time += self.epoch_times[-1]
+    epoch = step // self.steps_per_epoch
+    outputs = predict(setup, state.params, self.evals, self.global_batch, self.buckets)
+    metrics, records = fd.score(self.config, outputs, self.info, self.labels)
+    flat = {k: v for k, v in metrics.items() if isinstance(v, float)}
+    self.history.append(dict(flat, epoch=epoch))
+    if _better(flat[self.select], self.best and self.best["metrics"][self.select]):
+      self.best = {"epoch": epoch, "metrics": metrics, "selection_metric": self.select}
+      if jax.process_index() == 0:
+        host_params = jax.device_get(state.params)
+        guard_lib.assert_finite_params(host_params, step, f"the export {self.workdir}/best")
+        _export(setup, host_params, self.config.init_from,
+                os.path.join(self.workdir, "best"))
+        _write_atomic(os.path.join(self.workdir, "predictions.jsonl"),
+                      "".join(json.dumps(r) + "\n" for r in records))
+        _write_atomic(os.path.join(self.workdir, "best.json"), json.dumps(self.best))
+    self.t_epoch = time.perf_counter()
+    return dict(flat, epoch=epoch)
+
+  def export(self, setup, host_params, path):
+    """hf/: the best epoch's weights, config and tokenizer (a copy of best/)."""
+    src = os.path.join(self.workdir, "best")
+    for name in os.listdir(src):
+      if name != outdir.MARKER and os.path.isfile(os.path.join(src, name)):
+        shutil.copy(os.path.join(src, name), os.path.join(path, name))
+
+  def result(self):
+    return {"best": self.best, "history": self.history, "workdir": self.workdir,
+            "train_s": self.train_time, "train_tokens": self.train_tokens,
+            "epoch_train_s": self.epoch_times,
+            "train_tokens_per_s": (self.train_tokens / self.train_time
+                                   if self.train_time else 0.0),
+            "data": self.data_report}
+
+  def finish(self, setup, host_params, workdir, writer):
+    best = self.best
+    if "confusion" in best["metrics"]:
+      tm.plot_confusion(np.asarray(best["metrics"]["confusion"]), self.labels,
                         os.path.join(workdir, "confusion_matrix.png"),
-                        f"epoch {best['epoch']}: accuracy {best['metrics']['accuracy']:.3f}")
-  result = {"best": best, "history": history, "workdir": workdir, "train_s": train_time,
-            "train_tokens": train_tokens, "epoch_train_s": epoch_times,
-            "train_tokens_per_s": train_tokens / train_time if train_time else 0.0,
-            "data": data_report}
-  if jax.process_index() == 0:
-    _write_atomic(os.path.join(workdir, "results.json"), json.dumps(result, indent=2))
-  writer.close()
-  return dict(result, state=state)
+                        f"epoch {best['epoch']}: {self.select} "
+                        f"{best['metrics'][self.select]:.3f}")
+    _write_atomic(os.path.join(workdir, "results.json"), json.dumps(self.result(), indent=2))
+
+
+def run(config, workdir: str, devices=None, stop_after: Optional[int] = None):
+  """Fine-tunes as configured through the one loop; returns {"best", "history",
+  "workdir", ...} (results.json's content) and "state".
+
+  Resumable at any step: a SIGTERM (or `stop_after`: stop after that global step, as a
+  preemption would) saves the state with its place in the epoch and returns
+  {"stopped": True, "epoch", "batch", "step", ...}; the same call again continues from
+  there and ends as an uninterrupted run would (the same batches, in the same order).
+
+  Callers that are their own process should call hostmem.tune_malloc() before JAX
+  starts, as main() does: without it every step re-faults XLA's temporary buffer."""
+  job = FinetuneJob()
+  out = loop.train_and_evaluate(config, workdir, job, devices, stop_after)
+  if out["stopped"]:
+    epoch, batch = job.batches.epoch, job.batches.batch
+    log.info("stopped at epoch %d batch %d/%d (step %d): checkpoint saved; the same command "
+             "resumes there", epoch + 1, batch, job.steps_per_epoch, out["step"])
+    return dict(stopped=True, epoch=epoch, batch=batch, step=out["step"],
+                workdir=job.workdir, history=job.history, best=job.best,
+                data=job.data_report, state=out["state"])
+  return dict(job.result(), state=out["state"])
 
 
 def main(argv):
   del argv
-  from launch.trainer import hostmem
   hostmem.tune_malloc()  # before JAX's CPU client starts (launch/trainer/hostmem.py)
-  from absl import flags
-  from absl import logging as absl_logging
   absl_logging.set_verbosity(absl_logging.INFO)
   for noisy in ("absl", "jax", "orbax", "grain", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
-  from launch import cli
   try:
     result = run(flags.FLAGS.config, flags.FLAGS.workdir)
   except (cli.ConfigError, outdir.OutputDirError) as e:  # settings / work directory: exit 2
@@ -452,10 +437,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from absl import app, flags
-  from ml_collections import config_flags
   config_flags.DEFINE_config_file("config", None, "config file[:arg]", lock_config=True)
   flags.DEFINE_string("workdir", None, "run directory")
   flags.mark_flags_as_required(["config", "workdir"])
-  from launch import cli
   app.run(main, flags_parser=cli.parse_flags)

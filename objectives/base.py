@@ -36,7 +36,9 @@ objective or a batch key. An objective states:
 - `baselines(train_batches, eval_items)`: trivial predictors scored on exactly the
   examples and masks the eval scores (the eval masks come from the same keys);
 - `forward(params, batch)`: inference forward of the main module on every position;
-- `export(params, path, tokenizer)`: an HF directory (weights, config, tokenizer).
+- `export(params, path, tokenizer)`: an HF directory (weights, config, tokenizer);
+- `demo_lines(params, tokenizer, eval_batches)`: what the end of a run shows the user
+  (default: a fill-mask demo on held-out sentences where the model has an MLM head).
 `reference_inputs` / `reference_diff` serve `launch.bench --compare-hf`.
 """
 from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
@@ -45,6 +47,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from objectives import demo
 from objectives.spec import BatchSpec
 
 _OBJECTIVES: Dict[str, Callable] = {}
@@ -187,6 +190,11 @@ class Objective:
   def describe(self) -> Dict:
     """The objective's settings, for reports."""
     return {"name": self.name}
+
+  def demo_lines(self, params, tokenizer, eval_batches) -> Sequence[str]:
+    """Lines shown at the end of a run: a fill-mask demo on held-out sentences (objectives/
+    demo.py) where the model has an MLM head, else none."""
+    return demo.lines(self, params, tokenizer, eval_batches)
 
   def reference_inputs(self, batch, train: bool, seed: int = 0) -> Dict:
     """Keyword arrays for the exported model's transformers class (with labels when

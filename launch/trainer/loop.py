@@ -1,27 +1,26 @@
-"""The training loop: input, setup, resume or init, steps, metrics, evals, checkpoints,
-SIGTERM, export. It knows the objective only through its interface (objectives/base.py):
-it never names an objective or a batch key."""
+"""The one training loop: checks, the work directory's claim, resume or init, steps,
+metrics, evaluations, checkpoints, SIGTERM, export. Pretraining (pretraining.py), fine-
+tuning (launch/finetune.py) and the ablation runner's stages all run through
+`train_and_evaluate`; what differs is a `Job`: the batches, the evaluation and the export.
+The loop never names an objective, a task or a batch key."""
 import json
 import logging
 import os
-from typing import Any, Dict, Optional
+import signal
+import threading
+from typing import Any, Dict, Iterator, Optional
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from jax.experimental import multihost_utils
 
-import objectives
 from encoders import hf as hf_lib
 from encoders import outdir
 from launch import cli
-from launch import data as data_lib
-from launch.data import badinput
-from launch.trainer import devices as devices_lib
 from launch.trainer import checkpoint as ckpt_lib
-from launch.trainer import checks
 from launch.trainer import compile_cache
-from launch.trainer import demo
+from launch.trainer import devices as devices_lib
 from launch.trainer import fingerprint as fingerprint_lib
 from launch.trainer import guard as guard_lib
 from launch.trainer import lock as lock_lib
@@ -31,11 +30,9 @@ from launch.trainer import preemption as preemption_lib
 from launch.trainer import report
 from launch.trainer import sharding as shard_lib
 from launch.trainer.state import Setup, build
-from launch.trainer.step import eval_key
 from objectives import losses
 
 log = logging.getLogger("encoder_zoo")
-BASELINE_TRAIN_BATCHES = 50  # training batches the baselines count frequencies on
 WORKDIR_WHAT = "work directory"
 # What a work directory of this trainer holds (its own writes, and the tokenizer / data
 # cache the ablation runner and the tests copy in before a run): a directory holding only
@@ -46,73 +43,100 @@ TRAINER_ENTRIES = frozenset({
     outdir.MARKER, f".{fingerprint_lib.FILE}.tmp"})
 
 
-def adopt_tokenizer(config, tokenizer):
-  """The tokenizer decides the vocabulary and the padding id of a new model. A model
-  that comes from a checkpoint (`init_from`) keeps its table: the tokenizer must fit."""
-  m = config.model
-  if config.get("init_from", ""):
-    if tokenizer.vocab_size > m.vocab_size or tokenizer.pad_id != m.pad_token_id:
-      raise ValueError(
-          f"init_from={config.init_from!r}: the tokenizer (vocab {tokenizer.vocab_size}, "
-          f"pad {tokenizer.pad_id}) does not fit the model (vocab_size {m.vocab_size}, "
-          f"pad_token_id {m.pad_token_id})")
-    return
-  if m.vocab_size != tokenizer.vocab_size or m.pad_token_id != tokenizer.pad_id:
-    log.info("model.vocab_size %d -> %d and pad_token_id %d -> %d from the tokenizer",
-             m.vocab_size, tokenizer.vocab_size, m.pad_token_id, tokenizer.pad_id)
-  m.vocab_size = tokenizer.vocab_size
-  m.pad_token_id = tokenizer.pad_id
+class WorkdirRefused(cli.ConfigError, outdir.OutputDirError):
+  """The work directory is not this run's to write (a user's, or another tool's)."""
 
 
-def prepare(config, workdir: str):
-  """A private copy of the config with the objective's changes (`init_from`), the data
-  pipeline, and the model sized to the tokenizer. -> (config, pipeline)"""
-  config = ml_collections.ConfigDict(config.to_dict())  # a private, unlocked copy
-  objectives.prepare_config(config)
-  try:
-    pipeline = data_lib.make_pipeline(config, workdir)
-  except badinput.InputDataError:
-    raise
-  except ValueError as e:  # the data cannot train this run (named): one line at the CLI
-    raise badinput.InputDataError(" ".join(str(e).split())) from e
-  adopt_tokenizer(config, pipeline.tokenizer)
-  return config, pipeline
+class Job:
+  """What a run trains on and does besides its steps. The loop calls, in order:
+  `check` (before anything is read or written), `finished`, `legacy` / `adopt` (the
+  work directory's claim), `prepare` (data, tokenizer; may set `train.steps`), `start`
+  (the built setup), `resume` (a restored checkpoint's data state), `train_iter`, `record`, and per step
+  `count_tokens`, `eval_due` / `evaluate`, `checkpoint_due`; at the end `export` and
+  `finish`. Checkpoints save `train_iter(...).get_state()`: the job keeps what a resume
+  needs (its place in the data, its history) there."""
+  writer = WORKDIR_WHAT  # the work directory's marker (outdir.py)
+  export_writer = hf_lib.HF_EXPORT  # the marker of its end-of-run export, hf/
+  tokenizer = None  # vocabulary size and padding id for the objective (trainer.build)
+
+  def check(self, config, devices) -> ml_collections.ConfigDict:
+    raise NotImplementedError
+
+  def finished(self, workdir: str, config) -> Optional[Dict[str, Any]]:
+    """A finished run's result (a rerun writes nothing), else None."""
+    return None
+
+  def legacy(self, workdir: str) -> bool:
+    """Whether a non-empty directory without the marker is an earlier version's run."""
+    return False
+
+  def adopt(self, workdir: str) -> None:
+    """Marks what an earlier version's run directory holds as ours (under the lock)."""
+
+  def prepare(self, config, workdir: str):
+    """-> the run's config (a private copy), once its data is ready."""
+    raise NotImplementedError
+
+  def start(self, setup: Setup) -> None:
+    """Once the setup is built (before any restore): e.g. held-out batches, checked."""
+
+  def resume(self, data_state, step: int, workdir: str) -> None:
+    """A restored checkpoint's data state; raises cli.ConfigError if it is not this run's."""
+
+  def train_iter(self, start_state=None) -> Iterator:
+    raise NotImplementedError
+
+  def record(self, setup: Setup) -> Dict[str, Any]:
+    """The run record's data facts (metrics.jsonl "run")."""
+    return {}
+
+  def baselines(self, setup: Setup) -> Dict[str, Any]:
+    return {}
+
+  def count_tokens(self, batch) -> Optional[int]:
+    """Trained tokens of a host batch (None: global_batch x seq_len)."""
+    return None
+
+  def bad_data_skipped(self) -> int:
+    return 0
+
+  def eval_due(self, step: int, total: int) -> bool:
+    return False
+
+  def evaluate(self, setup: Setup, state, step: int) -> Dict[str, float]:
+    return {}
+
+  def checkpoint_due(self, step: int, total: int) -> bool:
+    return False
+
+  def export(self, setup: Setup, host_params, path: str) -> None:
+    """The end-of-run export into `path` (a temporary directory renamed into place)."""
+
+  def export_check(self, path: str) -> None:
+    """Run before the export is written and again at its swap (outdir.atomic_dir)."""
+    hf_lib.check_export_target(path)
+
+  def finish(self, setup: Setup, host_params, workdir: str, writer) -> None:
+    """After the export (process 0): summaries, plots, what the user is told."""
 
 
-def evaluate(setup: Setup, state, eval_batches) -> Dict[str, float]:
-  total = {}
-  for i, b in enumerate(eval_batches):
-    sums = setup.eval_step(state, shard_lib.global_batch(b, setup.batch_sharding),
-                           jnp.asarray(i, jnp.int32))
-    total = losses.add_metrics(total, jax.device_get(sums))
-  return losses.finalize_metrics({k: float(v) for k, v in total.items()}) if total else {}
-
-
-def baselines(setup: Setup, pipeline, eval_batches) -> Dict[str, Any]:
-  """The objective's trivial predictors, scored on the eval's own examples and masks."""
-  it = pipeline.train_iter()
-  n = min(BASELINE_TRAIN_BATCHES, pipeline.steps_per_epoch)
-  train_batches = [next(it) for _ in range(n)]
-  items = [(b, eval_key(i)) for i, b in enumerate(eval_batches)]
-  return setup.objective.baselines(train_batches, items)
-
-
-def ownership(workdir: str) -> str:
+def ownership(workdir: str, what: str = WORKDIR_WHAT, job: Optional[Job] = None) -> str:
   """Whether the trainer may write `workdir` (nothing is written here): "new" (absent or
-  empty), "ours" (the marker), "legacy" (an earlier version's work directory: only names
-  of TRAINER_ENTRIES, e.g. config.json + checkpoints/) or "remote" (gs://: not checked).
-  Raises cli.ConfigError (one line) for anything else: a user's directory."""
+  empty), "ours" (the marker), "legacy" (an earlier version's work directory: for
+  pretraining only names of TRAINER_ENTRIES, e.g. config.json + checkpoints/) or "remote"
+  (gs://: not checked). Raises cli.ConfigError (one line) for anything else: a user's
+  directory."""
   if "://" in workdir:
     log.info("work directory %s is not local: its ownership is not checked", workdir)
     return "remote"
   real = os.path.realpath(workdir)  # a link to a directory is that directory: never replaced
   try:
-    outdir.check_target(real, WORKDIR_WHAT, writers=(WORKDIR_WHAT,))
+    outdir.check_target(real, WORKDIR_WHAT, writers=(what,))
   except outdir.OutputDirError as e:
-    if (os.path.isdir(real) and not outdir.is_ours(real)
-        and set(os.listdir(real)) <= TRAINER_ENTRIES):
+    if os.path.isdir(real) and not outdir.is_ours(real) and (
+        job.legacy(real) if job is not None else set(os.listdir(real)) <= TRAINER_ENTRIES):
       return "legacy"
-    raise cli.ConfigError(str(e).replace(real, workdir)) from None
+    raise WorkdirRefused(str(e).replace(real, workdir)) from None
   return "ours" if outdir.is_ours(real) else "new"
 
 
@@ -150,7 +174,6 @@ def _agree(error):
     if error is not None:
       raise error
     return
-  from jax.experimental import multihost_utils
   flag = multihost_utils.broadcast_one_to_all(np.int32(error is not None))
   if error is not None:
     raise error
@@ -158,25 +181,25 @@ def _agree(error):
     raise cli.ConfigError("process 0 refused the work directory (its error says why)")
 
 
-def claim(config, workdir: str, fp: dict):
+def claim(config, workdir: str, fp: dict, job: Optional[Job] = None):
   """The checks before a run writes anything (process 0; the others agree): ownership,
   then resume settings, then the lock. -> (lock handle, accepted changes)."""
+  what = job.writer if job is not None else WORKDIR_WHAT
   main = jax.process_index() == 0
   error, handle, accepted, kind = None, lock_lib.Handle(None, None), {}, "new"
   if main:
     try:
-      kind = ownership(workdir)
+      kind = ownership(workdir, what, job)
       accepted = resume_check(config, workdir, fp)
       os.makedirs(workdir, exist_ok=True)
       handle = lock_lib.acquire(workdir)
       if kind == "legacy":
         log.info("work directory %s holds only what this trainer writes, without its "
                  "marker (an earlier version's): marking it as ours", workdir)
-        hf = os.path.join(workdir, "hf")
-        if hf_lib.is_model_dir(hf) and not outdir.is_ours(hf):  # the trainer's own export:
-          outdir.write_marker(hf, hf_lib.HF_EXPORT)  # the next export may replace it
+        if job is not None:
+          job.adopt(workdir)
       if kind in ("new", "legacy"):
-        outdir.write_marker(workdir, WORKDIR_WHAT)
+        outdir.write_marker(workdir, what)
     except Exception as e:  # noqa: BLE001 - any failure: the other processes must hear of it
       lock_lib.release(handle)
       error = e
@@ -186,67 +209,81 @@ def claim(config, workdir: str, fp: dict):
   return handle, accepted
 
 
-def train_and_evaluate(config, workdir: str, devices=None,
-                       stop_after: Optional[int] = None,
-                       phases=None) -> Dict[str, Any]:
-  """Runs (or resumes) a pretraining job in `workdir` on `devices` (default: all);
+def train_and_evaluate(config, workdir: str, job: Job, devices=None,
+                       stop_after: Optional[int] = None, phases=None) -> Dict[str, Any]:
+  """Runs (or resumes) the run `job` describes (pretraining.PretrainJob: the config's
+  data; launch/finetune.py: labelled rows) in `workdir` on `devices` (default: all);
   `stop_after` ends the run early at that step with a checkpoint, as a preemption would;
-  `phases` (launch/trainer/phases.py) times the parts of the step body.
-  Returns {"state", "eval" (final held-out metrics), "setup", "step"}.
+  `phases` (phases.py) times the parts of the step body.
+  Returns {"state", "eval" (the last evaluation), "setup", "step", "stopped"}.
 
-  Before anything is written: the config's checks (checks.py), the work directory's
-  ownership (never a user's directory), a resume's settings against the stored run's
-  (fingerprint.py) and the lock (lock.py: one trainer per directory). config.json and
-  run_fingerprint.json are written once the run is accepted (its state restored)."""
-  config = checks.check(config, devices)  # one-line errors before anything is written
+  Before anything is written: the job's checks, the work directory's ownership (never a
+  user's directory), a resume's settings against the stored run's (fingerprint.py) and
+  the lock (lock.py: one run per directory). config.json and run_fingerprint.json are
+  written once the run is accepted (its state restored)."""
+  config = job.check(config, devices)  # one-line errors before anything is written
   if "://" not in workdir:  # Orbax needs absolute local paths; gs:// paths pass through
     workdir = os.path.abspath(workdir)
-  done = report.finished(workdir, int(config.train.steps))
+  done = job.finished(workdir, config)
   if done is not None:  # a rerun of a finished run: say so, write nothing
-    return {"state": None, "eval": report.say_complete(workdir, done), "setup": None,
-            "step": done}
+    return done
   fp = fingerprint_lib.fingerprint(config)
-  handle, accepted = claim(config, workdir, fp)
+  handle, accepted = claim(config, workdir, fp, job)
   try:
-    return _run(config, workdir, devices, stop_after, phases, fp, accepted)
+    return _run(config, workdir, devices, stop_after, phases, fp, accepted, job)
   finally:
     lock_lib.release(handle)
 
 
-def _bad_data_skipped(pipeline) -> int:
-  """The bad input the data pipeline skipped so far (`stats["bad_data"]`, kind ->
-  count, where the source reports it)."""
-  stats = getattr(pipeline, "stats", None) or {}
-  bad = stats.get("bad_data") if hasattr(stats, "get") else None
-  if callable(getattr(pipeline, "bad_data", None)):  # with the shard readers' own counts
-    bad = pipeline.bad_data()
-  total = 0
-  for counts in (bad, stats.get("preprocess_bad_data") if hasattr(stats, "get") else None):
-    if isinstance(counts, dict):
-      total += int(sum(v for v in counts.values() if isinstance(v, (int, float))))
-    elif isinstance(counts, (int, float)):
-      total += int(counts)
-  return total
+def _log_train(writer, config, skips, progress, pending, step, extra):
+  """The train metrics of the steps since the last log (`pending`: their device sums):
+  under train.nonfinite_policy="stop" a skipped update raises; under "skip" the skipped
+  updates are counted (too many in a row raise guard.Diverged), the means are over the
+  applied steps, and an interval with every update skipped shows no loss."""
+  host = {}
+  per_step = jax.device_get(pending)
+  for s in per_step:
+    host = losses.add_metrics(host, s)
+  n = step - progress.last_step
+  guard_lib.check(host, config.train, step, step - n)
+  n_skipped = skips.observe(step - n + 1, per_step)
+  applied = n - n_skipped
+  lr, gnorm = float(host.pop("learning_rate")) / n, float(host.pop("grad_norm"))
+  metrics = losses.finalize_metrics({k: float(v) for k, v in host.items()})
+  if applied:
+    metrics["grad_norm"] = gnorm / applied
+  else:  # every step skipped: no loss to show (never a 0.0000 that reads as one)
+    metrics = {k: v for k, v in metrics.items()
+               if k.endswith("_count") or k in guard_lib.COUNTERS}
+  if guard_lib.COUNTERS[0] in host:
+    metrics.update(skipped_steps=n_skipped, applied_steps=applied, skipped_total=skips.total)
+  metrics.update(learning_rate=lr, **extra, **progress.update(step))
+  writer.write(step, "train", metrics)
 
 
-def _run(config, workdir, devices, stop_after, phases, fp, accepted) -> Dict[str, Any]:
+def _run(config, workdir, devices, stop_after, phases, fp, accepted, job) -> Dict[str, Any]:
   compile_cache.enable(config.train.get("compilation_cache_dir", ""), workdir)
-  config, pipeline = prepare(config, workdir)
-  setup = build(config, pipeline.tokenizer, devices)
+  config = job.prepare(config, workdir)
+  setup = build(config, job.tokenizer, devices)
   objective = setup.objective
   spec = objective.batch_spec()
+  job.start(setup)
+  is_main = jax.process_index() == 0
 
   manager = ckpt_lib.Manager(os.path.join(workdir, "checkpoints"), config.checkpoint)
-  restored = manager.restore_latest(setup.abstract_state)
-  if restored is None:
-    state = setup.init_state()
-    train_iter = pipeline.train_iter()
-    log.info("starting a new run in %s", workdir)
-  else:
-    state, data_state = restored
-    train_iter = pipeline.train_iter(start_state=data_state)
-    log.info("resumed from step %d", int(state.step))
-  is_main = jax.process_index() == 0
+  try:
+    restored = manager.restore_latest(setup.abstract_state)
+    if restored is None:
+      state, data_state = setup.init_state(), None
+      log.info("starting a new run in %s", workdir)
+    else:
+      state, data_state = restored
+      job.resume(data_state, int(state.step), workdir)  # refuses another run's checkpoint
+      log.info("resumed from step %d", int(state.step))
+  except BaseException:
+    manager.close()
+    raise
+  train_iter = job.train_iter(data_state)
   if is_main:  # the run is accepted: now its settings are recorded
     with open(os.path.join(workdir, "config.json"), "w") as f:
       json.dump(json.loads(config.to_json_best_effort()), f, indent=2)
@@ -255,100 +292,92 @@ def _run(config, workdir, devices, stop_after, phases, fp, accepted) -> Dict[str
 
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
   n_frozen = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.frozen))
-  eval_batches = [spec.select(b) for b in pipeline.eval_batches(config.train.eval_batches)]
-  for b in eval_batches:
-    objective.check_batch(b)
+  total_steps = int(config.train.steps)
   tokens_per_step = config.data.global_batch * config.data.seq_len
   step_flops = config.data.global_batch * objective.flops_per_example(config.data.seq_len)
   n_dev = setup.mesh.devices.size
-  first_dev = setup.mesh.devices.flat[0]
   dtype = getattr(next(iter(objective.modules.values())).config, "dtype", "float32")
-  peak = devices_lib.peak_flops(first_dev, dtype) * devices_lib.peak_devices(
-      setup.mesh.devices.flat)
+  peak = devices_lib.peak_flops(setup.mesh.devices.flat[0], dtype) * \
+      devices_lib.peak_devices(setup.mesh.devices.flat)
   first = int(state.step)
   if first == 0 and is_main:
     writer.write_json("run", {"params": n_params, "frozen_params": n_frozen,
                               "devices": n_dev, "mesh": dict(setup.mesh.shape),
-                              "data": pipeline.stats, "objective": objective.describe(),
-                              "bad_data_skipped": _bad_data_skipped(pipeline),
-                              "peak_flops": peak, "step_flops": step_flops})
-    if eval_batches:
-      writer.write_json("baseline", baselines(setup, pipeline, eval_batches))
-  log.info("params %.2fM (+%.2fM frozen), %d devices, mesh %s, %d train rows",
-           n_params / 1e6, n_frozen / 1e6, n_dev, dict(setup.mesh.shape),
-           pipeline.num_train_rows)
+                              "objective": objective.describe(), "peak_flops": peak,
+                              "step_flops": step_flops, "steps": total_steps,
+                              "bad_data_skipped": job.bad_data_skipped(),
+                              **job.record(setup)})
+    base = job.baselines(setup)
+    if base:
+      writer.write_json("baseline", base)
+  log.info("params %.2fM (+%.2fM frozen), %d devices, mesh %s, %d steps",
+           n_params / 1e6, n_frozen / 1e6, n_dev, dict(setup.mesh.shape), total_steps)
 
-  progress = metrics_lib.Progress(config.train.steps, first, tokens_per_step, step_flops, peak)
+  progress = metrics_lib.Progress(total_steps, first, tokens_per_step, step_flops, peak)
   prior = metrics_lib.skipped_before(workdir, first) if is_main and first else 0
   if jax.process_count() > 1:  # metrics.jsonl is process 0's: every process uses its count
-    from jax.experimental import multihost_utils
     prior = int(multihost_utils.broadcast_one_to_all(np.int32(prior)))
-  skips = guard_lib.SkipTracker(config.train, prior)  # updates skipped, in a row and in all
-  pending = []
-  total_steps = config.train.steps
-  last_eval = {}
+  skips = guard_lib.SkipTracker(config.train, prior)
   stop = preemption_lib.StopFlag()  # multi-process: all stop at one agreed step
+  in_main_thread = threading.current_thread() is threading.main_thread()
+  previous_handler = signal.getsignal(signal.SIGTERM) if in_main_thread else None
   stop.install()
   last = min(total_steps, stop_after) if stop_after is not None else total_steps
-  step = first
   ph = phases or phases_lib.NULL
-  for step in range(first + 1, last + 1):
-    with ph("input"):
-      local = spec.select(next(train_iter))
-      objective.check_batch(local)
-    with ph("host_to_device"):
-      batch = shard_lib.global_batch(local, setup.batch_sharding)
-    with ph("step"):
-      state, sums = setup.train_step(state, batch)
-    ph.step_dispatched(step)
-    pending.append(sums)  # device arrays; fetched only when logging (no per-step sync)
-    stop.poll(step)
-    if step % config.train.log_every == 0 or step == total_steps:
-      with ph("device_wait"):
-        jax.block_until_ready(pending)
-      ph.start("metrics")
-      host = {}
-      per_step = jax.device_get(pending)
-      for s in per_step:
-        host = losses.add_metrics(host, s)
-      n = step - progress.last_step
-      guard_lib.check(host, config.train, step, step - n)  # train.nonfinite_policy=stop
-      n_skipped = skips.observe(step - n + 1, per_step)  # skip: max_consecutive_skips
-      applied = n - n_skipped  # the means are over the applied steps (skipped ones: 0s)
-      lr, gnorm = float(host.pop("learning_rate")) / n, float(host.pop("grad_norm"))
-      train_metrics = losses.finalize_metrics({k: float(v) for k, v in host.items()})
-      if applied:
-        train_metrics["grad_norm"] = gnorm / applied
-      else:  # every step skipped: no loss to show (never a 0.0000 that reads as one)
-        train_metrics = {k: v for k, v in train_metrics.items()
-                         if k.endswith("_count") or k in guard_lib.COUNTERS}
-      if guard_lib.COUNTERS[0] in host:
-        train_metrics.update(skipped_steps=n_skipped, applied_steps=applied,
-                             skipped_total=skips.total)
-      train_metrics.update(learning_rate=lr, bad_data_skipped=_bad_data_skipped(pipeline),
-                           **progress.update(step))
-      writer.write(step, "train", train_metrics)
-      pending = []
-      ph.stop("metrics")
-    if eval_batches and (step % config.train.eval_every == 0 or step == total_steps):
-      with ph("eval"):
-        last_eval = evaluate(setup, state, eval_batches)
-        writer.write(step, "eval", last_eval)
-    if step % config.checkpoint.every == 0 or step == last or stop.requested:
-      guard_lib.check_pending(pending, config.train, step, progress.last_step)
-      with ph("checkpoint"):
-        manager.save(step, state, train_iter.get_state())
-    if stop.requested:
-      log.info("stop requested: checkpoint of step %d saved, exiting", step)
-      break
-  with ph("checkpoint"):
-    manager.close()
+  pending, last_eval, step, tokens = [], {}, first, None
+  try:
+    for step in range(first + 1, last + 1):
+      with ph("input"):
+        local = next(train_iter)
+        n_tok = job.count_tokens(local)
+        if n_tok is not None:
+          tokens = (tokens or 0) + n_tok
+        local = spec.select(local)
+        objective.check_batch(local)
+      with ph("host_to_device"):
+        batch = shard_lib.global_batch(local, setup.batch_sharding)
+      with ph("step"):
+        state, sums = setup.train_step(state, batch)
+      ph.step_dispatched(step)
+      pending.append(sums)  # device arrays; fetched only when logging (no per-step sync)
+      stop.poll(step)
+      stopping = stop.requested or step == last
+      if step % config.train.log_every == 0 or step == total_steps or (stopping and pending):
+        with ph("device_wait"):
+          jax.block_until_ready(pending)
+        ph.start("metrics")
+        if tokens is not None:
+          progress.tokens_per_step = tokens / max(step - progress.last_step, 1)
+          tokens = None
+        _log_train(writer, config, skips, progress, pending, step,
+                   {"bad_data_skipped": job.bad_data_skipped()})
+        pending = []
+        ph.stop("metrics")
+      if job.eval_due(step, total_steps):
+        with ph("eval"):
+          last_eval = job.evaluate(setup, state, step)
+          if last_eval:
+            writer.write(step, "eval", last_eval)
+      if (step % int(config.checkpoint.get("every", 0) or total_steps + 1) == 0
+          or job.checkpoint_due(step, total_steps) or stopping):
+        guard_lib.check_pending(pending, config.train, step, progress.last_step)
+        with ph("checkpoint"):
+          manager.save(step, state, train_iter.get_state())
+      if stop.requested:
+        log.info("stop requested: checkpoint of step %d saved, exiting", step)
+        break
+  finally:
+    with ph("checkpoint"):
+      manager.close()
+    if previous_handler is not None and not stop.multihost:
+      signal.signal(signal.SIGTERM, previous_handler)
   ph.finish()
+  result = {"state": state, "eval": last_eval, "setup": setup, "step": step,
+            "stopped": step < total_steps}
   if step < total_steps:
     writer.close()
-    return {"state": state, "eval": last_eval, "setup": setup, "step": step}
+    return result
   skips.check_fraction(total_steps, step)  # a mostly-skipped run is not exported
-  from jax.experimental import multihost_utils
   # Every process takes part in the gather; process 0 writes.
   host_params = multihost_utils.process_allgather({**state.params, **state.frozen},
                                                   tiled=True)
@@ -356,18 +385,13 @@ def _run(config, workdir, devices, stop_after, phases, fp, accepted) -> Dict[str
     hf_dir = os.path.join(workdir, "hf")
     guard_lib.assert_finite_params(host_params, step, f"the export {hf_dir}")
     if "://" in hf_dir:
-      objective.export(host_params, hf_dir, pipeline.tokenizer)
+      job.export(setup, host_params, hf_dir)
     else:  # the whole export (weights, tokenizer, an RTD generator...) or nothing
-      with outdir.atomic_dir(hf_dir, hf_lib.HF_EXPORT, check=hf_lib.check_export_target) as tmp:
-        objective.export(host_params, tmp, pipeline.tokenizer)
+      with outdir.atomic_dir(hf_dir, job.export_writer, check=job.export_check) as tmp:
+        job.export(setup, host_params, tmp)
     writer.write_json("summary", {"step": step, "skipped_steps": skips.total,
-                                  "bad_data_skipped": _bad_data_skipped(pipeline),
-                                  "data": pipeline.stats})
-    if config.logging.plot:
-      metrics_lib.plot(workdir)
+                                  "bad_data_skipped": job.bad_data_skipped(),
+                                  **job.record(setup)})
+    job.finish(setup, host_params, workdir, writer)
   writer.close()
-  if is_main:
-    print("\n".join(demo.lines(objective, host_params, pipeline)), flush=True)
-    report.say_artifacts(workdir, config, pipeline.tokenizer.id_to_token(
-        pipeline.tokenizer.mask_id))
-  return {"state": state, "eval": last_eval, "setup": setup, "step": step}
+  return result

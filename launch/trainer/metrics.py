@@ -19,7 +19,7 @@ class MetricWriter:
     self.path = os.path.join(workdir, JSONL)
     self.tb = None
     if is_main and tensorboard:
-      from tensorboardX import SummaryWriter
+      from tensorboardX import SummaryWriter  # slow to import; only with logging.tensorboard
       self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
   def write(self, step: int, split: str, metrics: dict):

@@ -50,9 +50,9 @@ _RUN = textwrap.dedent("""
   from jax import monitoring
   events = []
   monitoring.register_event_listener(lambda name, **kw: events.append(name))
-  from launch.trainer import loop
+  from launch.trainer import pretraining
   from tests.launch.test_multiprocess import tiny_config
-  out = loop.train_and_evaluate(tiny_config(*json.loads(sys.argv[2])), sys.argv[1])
+  out = pretraining.train_and_evaluate(tiny_config(*json.loads(sys.argv[2])), sys.argv[1])
   print("RESULT", json.dumps({
       "step": out["step"], "cache_dir": jax.config.jax_compilation_cache_dir,
       "hits": events.count("/jax/compilation_cache/cache_hits"),

@@ -181,12 +181,12 @@ def test_fill_mask_pipeline_matches_our_model(finished_run):
 
 def test_demo_shows_held_out_sentences(finished_run):
   from launch import data as data_lib
-  from launch.trainer import demo
+  from objectives import demo
   wd, out = finished_run
   c = small_config(train__steps=3)
   c.model.vocab_size = out["setup"].objective.vocab_size
   pipeline = data_lib.make_pipeline(c, wd)
-  found = demo.examples(pipeline, 3)
+  found = demo.examples(pipeline.tokenizer, pipeline.eval_batches(1), 3)
   assert found
   eval_tokens = np.asarray(pipeline._eval_rows.tokens)
   for tokens, pos in found:
@@ -194,7 +194,8 @@ def test_demo_shows_held_out_sentences(finished_run):
     window = np.lib.stride_tricks.sliding_window_view(eval_tokens, len(tokens))
     assert (window == np.asarray(tokens)).all(axis=1).any()
     assert 0 < pos < len(tokens)
-  lines = demo.lines(out["setup"].objective, jax.device_get(out["state"].params), pipeline)
+  lines = demo.lines(out["setup"].objective, jax.device_get(out["state"].params),
+                     pipeline.tokenizer, pipeline.eval_batches(1))
   assert lines[0].startswith(f"fill-mask on {len(found)} held-out sentences")
   assert len(lines) == 1 + 2 * len(found)
   for sentence, preds in zip(lines[1::2], lines[2::2]):

@@ -15,6 +15,8 @@ from launch import cli
 from launch import finetune
 from launch.data import badinput
 from launch.data import finetune_data as fd
+from launch.trainer import lock as lock_lib
+from launch.trainer import loop
 from tests.launch import finetune_helpers as fh
 
 
@@ -37,7 +39,7 @@ def _config(task, bert, **overrides):
 def _load(c, bad_data="skip"):
   c.data.bad_data = bad_data
   report = {}
-  out = finetune.load_data(c, fd.load_tokenizer(c.init_from), report=report)
+  out = fd.load_data(c, fd.load_tokenizer(c.init_from), report=report)
   return out, report
 
 
@@ -365,7 +367,8 @@ def test_an_earlier_versions_workdir_is_accepted_as_ours(tmp_path):
   (work / "best.json").write_text("{}")
   (work / "best").mkdir()
   (work / "best" / "config.json").write_text("{}")
-  assert finetune._claim_workdir(str(work)) == str(work)
+  handle, _ = loop.claim(None, str(work), {}, finetune.FinetuneJob())
+  lock_lib.release(handle)
   assert outdir.is_ours(str(work)) and outdir.is_ours(str(work / "best"))
 
 

@@ -19,6 +19,7 @@ from launch.trainer import fingerprint as fp_lib
 from launch.trainer import guard
 from launch.trainer import lock
 from launch.trainer import loop
+from launch.trainer import pretraining
 from launch.trainer import metrics as metrics_lib
 from tests.launch import fault_helpers
 from tests.launch.test_train import _devices, _workdir, small_config, tokenizer_cache  # noqa: F401
@@ -391,13 +392,13 @@ def test_bad_data_count_reads_whatever_the_pipeline_reports():
   class P:
     stats = {}
   p = P()
-  assert loop._bad_data_skipped(p) == 0
+  assert pretraining.bad_data_skipped(p) == 0
   p.stats = {"bad_data": {"undecodable": 2, "binary": 3}}
-  assert loop._bad_data_skipped(p) == 5
+  assert pretraining.bad_data_skipped(p) == 5
   p.stats = {"bad_data": 4}
-  assert loop._bad_data_skipped(p) == 4
+  assert pretraining.bad_data_skipped(p) == 4
   p.stats = None
-  assert loop._bad_data_skipped(p) == 0
+  assert pretraining.bad_data_skipped(p) == 0
 
 
 def test_diverged_run_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):

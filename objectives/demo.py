@@ -8,11 +8,12 @@ nothing (the bare word mark); the rest are ranked by the model's probability.
 """
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from launch.data import tokenization
-
-MARK = tokenization.SP_WORD_MARK
+MARK = "\u2581"  # sentencepiece's word mark '▁'
+BYTE_LEVEL_MARK = "\u0120"  # byte-level BPE's 'Ġ'
 
 
 def _piece(tokenizer, i: int) -> str:
@@ -20,14 +21,13 @@ def _piece(tokenizer, i: int) -> str:
 
 
 def _word(tokenizer, i: int) -> str:
-  return _piece(tokenizer, i).lstrip(MARK).lstrip(tokenization.BYTE_LEVEL_WORD_MARK)
+  return _piece(tokenizer, i).lstrip(MARK).lstrip(BYTE_LEVEL_MARK)
 
 
-def examples(pipeline, n: int = 3, max_tokens: int = 24):
-  """Up to `n` (tokens, masked index) from distinct held-out rows: the first segment's
+def examples(tok, batches, n: int = 3, max_tokens: int = 24):
+  """Up to `n` (tokens, masked index) from distinct held-out rows of `batches` (the
+  pipeline's eval batches, with `segment_ids` and `word_starts`): the first segment's
   text (up to `max_tokens` pieces, cut after a '.' where there is one)."""
-  tok = pipeline.tokenizer
-  batches = pipeline.eval_batches(1)
   if not batches:
     return []
   b = batches[0]
@@ -55,8 +55,6 @@ def examples(pipeline, n: int = 3, max_tokens: int = 24):
 
 def predict(objective, params, tokenizer, tokens, position, k: int = 5):
   """The model's top-k (piece id, probability) at `position` of `tokens` masked there."""
-  import jax
-  import jax.numpy as jnp
   ids = [tokenizer.cls_id] + list(tokens) + [tokenizer.sep_id]
   ids[1 + position] = tokenizer.mask_id
   x = jnp.asarray([ids], jnp.int32)
@@ -87,14 +85,13 @@ def masked_text(tokenizer, tokens, position) -> str:
   return f"{left} {mask}{after}{right}".strip()
 
 
-def lines(objective, params, pipeline, n: int = 3, k: int = 5) -> list[str]:
+def lines(objective, params, tok, batches, n: int = 3, k: int = 5) -> list[str]:
   """The demo's printed lines; [] when the objective has no MLM head or no held-out data."""
   model_config = getattr(objective, "model_config", None)
   if getattr(objective, "model", None) is None or model_config is None \
       or "mlm" not in tuple(model_config.get("heads", ())):
     return []
-  tok = pipeline.tokenizer
-  found = examples(pipeline, n)
+  found = examples(tok, batches, n)
   if not found:
     return []
   out = [(f"fill-mask on {len(found)} held-out sentences (eval split, never trained on); "
