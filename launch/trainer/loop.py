@@ -67,11 +67,16 @@ class Job:
     return None
 
   def legacy(self, workdir: str) -> bool:
-    """Whether a non-empty directory without the marker is an earlier version's run."""
-    return False
+    """Whether a non-empty directory without the marker is an earlier version's run:
+    by default one that holds only names of TRAINER_ENTRIES (config.json, checkpoints/)."""
+    return set(os.listdir(workdir)) <= TRAINER_ENTRIES
 
   def adopt(self, workdir: str) -> None:
-    """Marks what an earlier version's run directory holds as ours (under the lock)."""
+    """Marks what an earlier version's run directory holds as ours (under the lock): by
+    default its export hf/, which the next export may then replace."""
+    hf = os.path.join(workdir, "hf")
+    if hf_lib.is_model_dir(hf) and not outdir.is_ours(hf):
+      outdir.write_marker(hf, hf_lib.HF_EXPORT)
 
   def prepare(self, config, workdir: str):
     """-> the run's config (a private copy), once its data is ready."""
@@ -120,21 +125,21 @@ class Job:
     """After the export (process 0): summaries, plots, what the user is told."""
 
 
-def ownership(workdir: str, what: str = WORKDIR_WHAT, job: Optional[Job] = None) -> str:
+def ownership(workdir: str, job: Optional[Job] = None) -> str:
   """Whether the trainer may write `workdir` (nothing is written here): "new" (absent or
   empty), "ours" (the marker), "legacy" (an earlier version's work directory: for
   pretraining only names of TRAINER_ENTRIES, e.g. config.json + checkpoints/) or "remote"
   (gs://: not checked). Raises cli.ConfigError (one line) for anything else: a user's
   directory."""
+  job = job or Job()
   if "://" in workdir:
     log.info("work directory %s is not local: its ownership is not checked", workdir)
     return "remote"
   real = os.path.realpath(workdir)  # a link to a directory is that directory: never replaced
   try:
-    outdir.check_target(real, WORKDIR_WHAT, writers=(what,))
+    outdir.check_target(real, WORKDIR_WHAT, writers=(job.writer,))
   except outdir.OutputDirError as e:
-    if os.path.isdir(real) and not outdir.is_ours(real) and (
-        job.legacy(real) if job is not None else set(os.listdir(real)) <= TRAINER_ENTRIES):
+    if os.path.isdir(real) and not outdir.is_ours(real) and job.legacy(real):
       return "legacy"
     raise WorkdirRefused(str(e).replace(real, workdir)) from None
   return "ours" if outdir.is_ours(real) else "new"
@@ -184,22 +189,21 @@ def _agree(error):
 def claim(config, workdir: str, fp: dict, job: Optional[Job] = None):
   """The checks before a run writes anything (process 0; the others agree): ownership,
   then resume settings, then the lock. -> (lock handle, accepted changes)."""
-  what = job.writer if job is not None else WORKDIR_WHAT
+  job = job or Job()
   main = jax.process_index() == 0
   error, handle, accepted, kind = None, lock_lib.Handle(None, None), {}, "new"
   if main:
     try:
-      kind = ownership(workdir, what, job)
+      kind = ownership(workdir, job)
       accepted = resume_check(config, workdir, fp)
       os.makedirs(workdir, exist_ok=True)
       handle = lock_lib.acquire(workdir)
       if kind == "legacy":
         log.info("work directory %s holds only what this trainer writes, without its "
                  "marker (an earlier version's): marking it as ours", workdir)
-        if job is not None:
-          job.adopt(workdir)
+        job.adopt(workdir)
       if kind in ("new", "legacy"):
-        outdir.write_marker(workdir, what)
+        outdir.write_marker(workdir, job.writer)
     except Exception as e:  # noqa: BLE001 - any failure: the other processes must hear of it
       lock_lib.release(handle)
       error = e

@@ -2,7 +2,6 @@
 checkpointable), held-out evaluation every `train.eval_every` steps, the objective's
 trivial baselines, and at the end the objective's export, the loss plot and its demo."""
 import logging
-import os
 from typing import Any, Dict, Optional
 
 import jax
@@ -10,8 +9,6 @@ import jax.numpy as jnp
 import ml_collections
 
 import objectives
-from encoders import hf as hf_lib
-from encoders import outdir
 from launch import data as data_lib
 from launch.data import badinput
 from launch.trainer import checks
@@ -108,14 +105,6 @@ class PretrainJob(loop.Job):
       return None
     return {"state": None, "eval": report.say_complete(workdir, done), "setup": None,
             "step": done, "stopped": False}
-
-  def legacy(self, workdir):
-    return set(os.listdir(workdir)) <= loop.TRAINER_ENTRIES
-
-  def adopt(self, workdir):
-    hf = os.path.join(workdir, "hf")
-    if hf_lib.is_model_dir(hf) and not outdir.is_ours(hf):  # the trainer's own export:
-      outdir.write_marker(hf, hf_lib.HF_EXPORT)  # the next export may replace it
 
   def prepare(self, config, workdir):
     config, self.pipeline = prepare(config, workdir)

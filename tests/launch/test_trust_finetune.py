@@ -418,7 +418,7 @@ def reference(tmp_path_factory, bert):
 
 @pytest.mark.parametrize("stop_at,where,every", [
     (6, (1, 2), 0),  # epoch 2, batch 2 of 4
-    (4, (0, 4), 0),  # the last batch of epoch 1, before its eval
+    (4, (0, 4), 0),  # the last batch of epoch 1 (its eval runs before the stop)
     (6, (1, 2), 5),  # a crash at step 6: the checkpoint.every save of step 5 resumes
 ])
 def test_a_stop_mid_epoch_resumes_to_the_uninterrupted_result(tmp_path, bert, reference,
