@@ -18,6 +18,16 @@ import logging
 import shlex
 import sys
 
+from absl import app, flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
+
+from launch import cli
+from launch.ablation import arm as arm_lib
+from launch.ablation import runner
+from launch.ablation import study as study_lib
+from launch.trainer import hostmem
+
 
 RUNNER_FLAGS = ("parallel", "platform", "devices_per_arm", "arms")
 
@@ -39,19 +49,12 @@ def _worker_argv(args):
 
 def main(argv):
   del argv
-  from absl import flags
-  from launch.trainer import hostmem
   hostmem.tune_malloc()
-  from absl import logging as absl_logging
   absl_logging.set_verbosity(absl_logging.INFO)
   absl_logging.get_absl_handler().setFormatter(
       logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
   for noisy in ("absl", "jax", "orbax", "grain", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
-  from launch import cli
-  from launch.ablation import arm as arm_lib
-  from launch.ablation import runner
-  from launch.ablation import study as study_lib
   f = flags.FLAGS
   study = f.config
   try:
@@ -78,8 +81,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from absl import app, flags
-  from ml_collections import config_flags
   config_flags.DEFINE_config_file("config", None, "study config file[:arg]",
                                   lock_config=True)
   flags.DEFINE_string("workdir", None, "study directory")
@@ -89,6 +90,4 @@ if __name__ == "__main__":
   flags.DEFINE_integer("devices_per_arm", 1, "devices in each worker's slice")
   flags.DEFINE_string("worker_arm", "", "internal: run this one arm (a --parallel worker)")
   flags.mark_flags_as_required(["config", "workdir"])
-  from absl import app as _app
-  from launch import cli
-  _app.run(main, flags_parser=cli.parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -1,9 +1,14 @@
 """`python -m launch.aot`: the real sharded train step compiled ahead of time for a Cloud
 TPU topology on this machine (the library: launch/perf/aot.py)."""
 import json
+import logging
 import os
 import sys
 import time
+
+import jax
+from absl import app, flags
+from ml_collections import config_flags
 
 from launch import cli
 from launch.perf import kernel_cost, runinfo
@@ -13,8 +18,6 @@ from launch.perf.aot import (AotError, EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_USAGE,
 
 
 def _define_flags():
-  from absl import flags
-  from ml_collections import config_flags
   if "topology" in flags.FLAGS:
     return flags.FLAGS
   config_flags.DEFINE_config_file("config", None, "config file[:arg]", lock_config=True)
@@ -36,7 +39,6 @@ def _define_flags():
 
 def main(argv):
   del argv
-  import logging
   for noisy in ("absl", "jax", "orbax"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   F = _define_flags()
@@ -57,7 +59,6 @@ def main(argv):
 
 
 def _entry():
-  from absl import app
   if find_libtpu() is None:
     req = libtpu_requirement()
     print("error: libtpu is not installed, and the TPU compiler comes with it. Install it "
@@ -66,7 +67,8 @@ def _entry():
           "the repository, or point $TPU_LIBRARY_PATH at a libtpu.so.", file=sys.stderr)
     sys.exit(EXIT_USAGE)
   quiet_libtpu_env()
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the host runs nothing; TPU is compile-only
+  if not os.environ.get("JAX_PLATFORMS"):  # the host runs nothing; TPU is compile-only
+    jax.config.update("jax_platforms", "cpu")
   _define_flags()
   app.run(main, argv=runinfo.normalize_argv(sys.argv), flags_parser=cli.parse_flags)
 

@@ -1,14 +1,19 @@
 """`python -m launch.bench`: step and loop benchmarks (the library: launch/perf/bench/)."""
 import json
+import logging
 import sys
 
+from absl import app, flags
+from ml_collections import config_flags
+
+from launch import cli
 from launch.perf import runinfo
 from launch.perf.bench import report, runs
+from launch.perf.bench import loop
+from launch.trainer import hostmem
 
 
 def _define_flags():
-  from absl import flags
-  from ml_collections import config_flags
   if "mode" in flags.FLAGS:
     return flags.FLAGS
   config_flags.DEFINE_config_file("config", None, "config file[:arg]", lock_config=True)
@@ -37,12 +42,10 @@ def _define_flags():
 
 def main(argv):
   del argv
-  import logging
   for noisy in ("absl", "jax", "orbax"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   F = _define_flags()
   if F.malloc == "tuned":  # before JAX's CPU client starts (launch/trainer/hostmem.py)
-    from launch.trainer import hostmem
     hostmem.tune_malloc()
   config = F.config
   if F.packed and F.compare_hf:
@@ -51,7 +54,6 @@ def main(argv):
   if F.mode == "loop":
     if F.packed:
       raise SystemExit("--mode loop times the pipeline's own rows; --packed does not apply")
-    from launch.perf.bench import loop
     result = loop.bench_loop(config, F.steps, F.compare_hf, F.workdir)
   elif F.packed:
     result = runs.bench_packed(config, F.packed, F.mode, F.batch, F.seq, F.iters,
@@ -70,7 +72,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from absl import app
   _define_flags()
-  from launch import cli
   app.run(main, argv=runinfo.normalize_argv(sys.argv), flags_parser=cli.parse_flags)

@@ -1,5 +1,7 @@
 """Command-line errors as one line: the `flags_parser` every launch entry point with
-`--config` overrides hands to `absl.app.run`.
+`--config` overrides hands to `absl.app.run`; it also finds the config file from any
+directory (`--config bert:tiny`, `--config configs/bert.py:tiny`, `ablations/electra:...`:
+the configs shipped with the package, `config_path`).
 
 ml_collections reports a mistyped override (`--config.train.stepz=3`) as a three-part
 chained traceback ending in an escaped AttributeError. Here the overrides are checked
@@ -18,7 +20,13 @@ import os
 import sys
 from collections.abc import Sequence
 
+from absl import app, flags
+
 EXIT_USAGE = 2
+# configs/ next to launch/: in a checkout and in an installed package alike (not imported:
+# configs sit above launch, and a config file is loaded by path as config_flags does).
+SHIPPED_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "configs")
 
 
 class ConfigError(ValueError):
@@ -51,11 +59,44 @@ def _overrides(argv: Sequence[str], flag: str) -> list[tuple]:
   return out
 
 
+def config_path(path: str) -> str:
+  """The config file `path` names: the file itself when it exists (relative to the current
+  directory), else the shipped config of that name, from any directory: `bert`, `bert.py`,
+  `configs/bert.py`, `ablations/electra` -> SHIPPED_CONFIGS/bert.py, .../ablations/electra.py."""
+  if os.path.isfile(path):
+    return path
+  name = os.path.normpath(path)
+  if name.startswith("configs" + os.sep):
+    name = name[len("configs" + os.sep):]
+  if not name.endswith(".py"):
+    name += ".py"
+  shipped = os.path.join(SHIPPED_CONFIGS, name)
+  if not os.path.isabs(name) and os.path.isfile(shipped):
+    return shipped
+  raise ConfigError(f"config file {path!r} does not exist, here or among the shipped "
+                    f"configs ({SHIPPED_CONFIGS}: e.g. bert, ablations/electra)")
+
+
+def resolve_config_flag(argv: Sequence[str], flag: str = "config") -> list[str]:
+  """argv with the file of `--flag FILE[:ARG]` replaced by `config_path(FILE)`."""
+  argv = list(argv)
+  for i, a in enumerate(argv):
+    if a == "--":
+      break
+    if a.startswith(f"--{flag}="):
+      path, colon, arg = a.split("=", 1)[1].partition(":")
+      argv[i] = f"--{flag}={config_path(path)}{colon}{arg}"
+    elif a == f"--{flag}" and i + 1 < len(argv):
+      path, colon, arg = argv[i + 1].partition(":")
+      argv[i + 1] = f"{config_path(path)}{colon}{arg}"
+  return argv
+
+
 def load_config(spec: str):
-  """Calls `get_config(arg)` of the config file in `FILE[:ARG]` (as config_flags does)."""
+  """Calls `get_config(arg)` of the config file in `FILE[:ARG]` (as config_flags does);
+  FILE as `config_path` finds it."""
   path, _, arg = spec.partition(":")
-  if not os.path.isfile(path):
-    raise ConfigError(f"config file {path!r} does not exist")
+  path = config_path(path)
   mod_spec = importlib.util.spec_from_file_location("_cli_config", path)
   module = importlib.util.module_from_spec(mod_spec)
   mod_spec.loader.exec_module(module)
@@ -138,13 +179,13 @@ def fail(message: str, code: int = EXIT_USAGE):
 
 def parse_flags(argv: Sequence[str], flag: str = "config") -> list[str]:
   """A flags_parser for `absl.app.run`: unknown override keys and any other flag error
-  are one line on stderr and exit status 2."""
-  from absl import flags
+  are one line on stderr and exit status 2. The config file is found as `config_path` finds
+  it."""
   argv = list(argv)
   if any(a in ("--help", "-h", "--helpfull", "--helpshort", "-?") for a in argv[1:]):
-    from absl import app
     return app.parse_flags_with_usage(argv)
   try:
+    argv = argv[:1] + resolve_config_flag(argv[1:], flag)
     msg = override_error(argv[1:], flag)
   except ConfigError as e:
     fail(str(e))

@@ -31,8 +31,17 @@ import shutil
 import sys
 from typing import Optional
 
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+
+import encoders
 from encoders import outdir
-from encoders.hf.stream import ORBAX_PARAMS, is_orbax_dir
+from encoders.hf import check_export_target
+from encoders.hf import hf_config
+from encoders.hf.stream import ORBAX_PARAMS, is_orbax_dir, weight_files
+from launch import trainer as train
+from launch.data import tokenization
 
 CONVERT = "launch.convert"  # the writer named in the marker of what this command writes
 
@@ -47,7 +56,6 @@ def kind_of(path: str) -> str:
   if os.path.isfile(os.path.join(path, "config.json")):
     if is_orbax_dir(path):
       return "orbax"
-    from encoders.hf.stream import weight_files
     weight_files(path)  # raises, naming what is wrong (e.g. a pickle-only directory)
     return "hf"
   raise ValueError(f"{path} is not a training work directory (config.json + checkpoints/), "
@@ -68,7 +76,6 @@ def check_out(out: str, src: Optional[str] = None):
   """Raises OutputDirError unless `out` may be written: absent, empty, or an earlier
   output of this command or of an HF export; never a work directory, nor `src` or a
   directory holding it."""
-  from encoders.hf import check_export_target
   out_abs = os.path.abspath(out)
   if src is not None:
     src_abs = os.path.abspath(src)
@@ -83,9 +90,6 @@ def check_out(out: str, src: Optional[str] = None):
 
 
 def hf_to_orbax(src: str, out: str) -> str:
-  import jax
-  import orbax.checkpoint as ocp
-  import encoders
   check_out(out, src)
   _, params = encoders.from_hf(src, scan_layers=False, vocab_pad_multiple=1)
   params = jax.device_get(params)
@@ -99,8 +103,6 @@ def hf_to_orbax(src: str, out: str) -> str:
 
 
 def orbax_to_hf(src: str, out: str) -> str:
-  import encoders
-  from encoders.hf import hf_config
   check_out(out, src)
   model, params = encoders.from_hf(src, scan_layers=False)
   archs = hf_config(src).get("architectures") or [None]
@@ -112,11 +114,6 @@ def orbax_to_hf(src: str, out: str) -> str:
 
 def workdir_to_hf(workdir: str, out: str, step: Optional[int] = None) -> str:
   """The run's objective exports checkpoint `step` (default: the latest) to `out`."""
-  import jax
-  import ml_collections
-  import orbax.checkpoint as ocp
-  from launch.data import tokenization
-  from launch import trainer as train
   check_out(out, workdir)
   workdir = os.path.abspath(workdir)
   with open(os.path.join(workdir, "config.json")) as f:

@@ -31,6 +31,12 @@ import sys
 import tempfile
 from typing import Optional, Sequence
 
+import jax
+import numpy as np
+
+import encoders
+from encoders.outdir import OutputDirError
+
 DEFAULT_PLATFORMS = ("cpu", "cuda", "tpu")
 WRITER = "launch.export"  # named in the FILE.json of every artifact written here
 
@@ -52,7 +58,6 @@ def _ours(out: str) -> bool:
 
 def check_out(out: str):
   """Raises OutputDirError (a ValueError) unless `out` and `out`.json may be written."""
-  from encoders.outdir import OutputDirError
   for p in (out, out + ".json"):
     if os.path.islink(p) or os.path.isdir(p):
       raise OutputDirError(f"--out {p} is a directory or a link; give a new file path for "
@@ -106,9 +111,6 @@ def export(path: str, out: str, batch="dynamic", seq="dynamic",
            platforms: Sequence[str] = DEFAULT_PLATFORMS, dtype: Optional[str] = None,
            heads: Optional[Sequence[str]] = None) -> dict:
   """Writes the artifact `out` and its metadata `out + ".json"`; returns the metadata."""
-  import jax
-  import numpy as np
-  import encoders
   b, t = _dim(batch, "b"), _dim(seq, "t")
   requested = [p.strip().lower() for p in platforms if p.strip()]
   unknown = sorted(set(requested) - set(DEFAULT_PLATFORMS + ("rocm",)))

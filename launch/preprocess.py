@@ -36,18 +36,32 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
+import multiprocessing
 import os
 import re
 import sys
 import tempfile
 import time
+from array import array
 from collections.abc import Iterator
 
 import numpy as np
+from absl import app, flags
+from array_record.python.array_record_module import ArrayRecordWriter
+from etils import epath
+from ml_collections import config_flags
 
+from encoders import outdir
+from launch import cli
 from launch.data import arrayrecord
 from launch.data import badinput
 from launch.data import sources
+from launch.data import packing as packing_lib
+from launch.data import pairs
+from launch.data import pipeline as pipeline_lib
+from launch.data import tokenization
+from launch.data import tokenized
 
 TOKENIZER_TRAIN_DOCS = 100_000  # sentencepiece_train learns from at most these documents
 TOKENIZER_TRAIN_CHARS = 200_000_000
@@ -65,13 +79,11 @@ def _looks_like_our_output(names: list[str]) -> bool:
 def claim_out(out: str) -> str:
   """Makes `out` ours (see the module docstring) or raises `outdir.OutputDirError`;
   -> the path to write to (absolute when local)."""
-  from encoders import outdir  # pylint: disable=g-import-not-at-top
   if "://" not in out:
     if (os.path.isdir(out) and not outdir.is_ours(out)
         and _looks_like_our_output(os.listdir(out))):
       outdir.write_marker(out, WRITER)
     return outdir.claim_dir(out, f"{WRITER} --out", writers=(WRITER,))
-  from etils import epath  # pylint: disable=g-import-not-at-top
   path = epath.Path(out)
   if path.exists():
     if not path.is_dir():
@@ -116,7 +128,6 @@ def stream_documents(data, bad: badinput.BadData) -> Iterator[tuple[str, str, st
   if not data.eval_split or data.source == "default":
     yield from _stream_documents(data, bad)
     return
-  from array import array  # pylint: disable=g-import-not-at-top
   hashes, seen, dropped, held = array("Q"), None, 0, 0
   for split_name, where, text in _stream_documents(data, bad):
     if split_name == "train":
@@ -133,7 +144,6 @@ def stream_documents(data, bad: badinput.BadData) -> Iterator[tuple[str, str, st
         continue
     yield split_name, where, text
   if dropped:
-    import logging  # pylint: disable=g-import-not-at-top
     logging.getLogger(__name__).warning(
         "held-out split: dropped %d of %d documents of data.eval_split that also occur in "
         "the training documents", dropped, held)
@@ -200,7 +210,6 @@ _WORKER = {}
 
 
 def _init_worker(tok_ref):
-  from launch.data import tokenization  # pylint: disable=g-import-not-at-top
   kind, payload, lowercase = tok_ref
   if kind.startswith("sentencepiece"):
     _WORKER["tok"] = tokenization.SentencePieceTokenizer(payload, lowercase=lowercase,
@@ -210,9 +219,6 @@ def _init_worker(tok_ref):
 
 
 def _shard_rows(tok, docs, settings, shard_seed):
-  from launch.data import packing as packing_lib  # pylint: disable=g-import-not-at-top
-  from launch.data import tokenized  # pylint: disable=g-import-not-at-top
-  from launch.data import pairs  # pylint: disable=g-import-not-at-top
   seq_len = settings["seq_len"]
   if settings["packing"] == "documents":
     tokd = tokenized.tokenize_documents(tok, docs, "document")
@@ -233,8 +239,6 @@ def _shard_rows(tok, docs, settings, shard_seed):
 
 def write_shard(job) -> dict:
   """Tokenizes one shard's documents, writes its rows and then its sidecar."""
-  from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=g-import-not-at-top
-  from etils import epath  # pylint: disable=g-import-not-at-top
   out, name, docs, settings = job
   tok = _WORKER["tok"]
   seed = int.from_bytes(hashlib.sha256(f"{settings['seed']}:{name}".encode()).digest()[:4],
@@ -258,10 +262,8 @@ def write_shard(job) -> dict:
 
 
 def _tokenizer(config, out, first_docs):
-  from launch.data import tokenization  # pylint: disable=g-import-not-at-top
   tok = tokenization.make_tokenizer(config.tokenizer, out, first_docs, multihost=False)
   if tok.kind.startswith("sentencepiece"):
-    from etils import epath  # pylint: disable=g-import-not-at-top
     d = epath.Path(out) / "tokenizer"
     d.mkdir(parents=True, exist_ok=True)
     if not (d / "spm.model").exists():
@@ -301,10 +303,6 @@ class _Progress:
 def preprocess(config, out: str, *, workers: int | None = None, docs_per_shard: int = 20_000,
                pack: bool = True, progress: bool = True) -> dict:
   """Writes the shards and the manifest of `config`'s corpus to `out`; returns the manifest."""
-  import multiprocessing  # pylint: disable=g-import-not-at-top
-  from etils import epath  # pylint: disable=g-import-not-at-top
-  from launch.data import pipeline as pipeline_lib  # pylint: disable=g-import-not-at-top
-  from launch.data import pairs  # pylint: disable=g-import-not-at-top
   if config.data.source == "arrayrecord":
     raise ValueError("launch.preprocess reads documents: set data.source to default, text "
                      "or tfds")
@@ -456,8 +454,6 @@ def preprocess(config, out: str, *, workers: int | None = None, docs_per_shard: 
 
 def main(argv):
   del argv
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from launch import cli  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
   try:
     m = preprocess(f.config, f.out, workers=f.workers, docs_per_shard=f.docs_per_shard,
@@ -472,13 +468,10 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from absl import app, flags  # pylint: disable=g-import-not-at-top
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   config_flags.DEFINE_config_file("config", None, "config file[:arg]", lock_config=True)
   flags.DEFINE_string("out", None, "output directory (local or gs://)")
   flags.DEFINE_integer("workers", None, "worker processes (default: one per core)")
   flags.DEFINE_integer("docs_per_shard", 20_000, "documents per shard")
   flags.DEFINE_bool("pack", True, "packing=documents: pack pieces best-fit into rows")
   flags.mark_flags_as_required(["config", "out"])
-  from launch import cli  # pylint: disable=g-import-not-at-top
   app.run(main, flags_parser=cli.parse_flags)

@@ -9,16 +9,20 @@ the replaced fraction, and the generator's MLM accuracy.
 """
 import json
 import os
+import sys
+
+import jax
+import ml_collections
+from absl import app, flags
+
+from launch import trainer
+from launch.trainer import checkpoint as ckpt_lib
+from launch.trainer import sharding as shard_lib
+from objectives import rtd
 
 
 def report(workdir: str, devices=None) -> dict:
-  import jax
-  import ml_collections
 
-  from launch import trainer
-  from launch.trainer import checkpoint as ckpt_lib
-  from launch.trainer import sharding as shard_lib
-  from objectives import rtd
 
   for need in ("config.json", "checkpoints"):  # before anything reads or caches data
     if not os.path.exists(os.path.join(workdir, need)):
@@ -63,8 +67,6 @@ def report(workdir: str, devices=None) -> dict:
 
 def main(argv):
   del argv
-  import sys
-  from absl import flags
   try:
     out = report(flags.FLAGS.workdir)
   except ValueError as e:
@@ -75,7 +77,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from absl import app, flags
   flags.DEFINE_string("workdir", None, "an rtd run's workdir")
   flags.mark_flag_as_required("workdir")
   app.run(main)

@@ -13,17 +13,30 @@ seed (and from the epoch checkpoint inside a seed).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import shutil
+import signal
+import threading
 import time
 import types
 
 import ml_collections
 import numpy as np
 
+import objectives
+from launch import cli
+from launch import finetune
+from launch import trainer
 from launch.ablation import study as study_lib
+from launch.data import finetune_data as fd
+from launch.data import real_datasets
+from launch.trainer import checkpoint as ckpt_lib
+from launch.trainer import checks
+from launch.trainer import metrics as metrics_lib
+from launch.trainer import report
 
 log = logging.getLogger("encoder_zoo")
 PAIR_OBJECTIVE = {"nsp": "mlm_nsp", "sop": "mlm_sop"}
@@ -45,8 +58,6 @@ def _write_json(path, payload):
 
 
 def _default_sigterm():
-  import signal
-  import threading
   if threading.current_thread() is threading.main_thread():
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
@@ -72,7 +83,6 @@ class Timer:
 def step_flops(config) -> float:
   """Training FLOPs of one step of `config`, as the trainer counts them, without data:
   the objective built on a stand-in tokenizer of the configured vocabulary size."""
-  import objectives
   c = ml_collections.ConfigDict(config.to_dict())
   v = int(c.tokenizer.vocab_size)
   c.model.vocab_size = v
@@ -84,7 +94,6 @@ def step_flops(config) -> float:
 # ---- shared tokenizer -----------------------------------------------------------------
 
 def _tokenizer_key(config) -> str:
-  import hashlib
   spec = {"tokenizer": config.tokenizer.to_dict(), "data": {
       k: config.data.get(k) for k in ("source", "files", "tfds_name", "max_documents",
                                       "eval_fraction", "eval_split", "text_key")}}
@@ -123,9 +132,6 @@ def pair_accuracy(config, pretrain_dir, task) -> dict:
   """The pretrained pair head scored on `task`'s held-out pairs (the same rows and masks
   the trainer evaluates on): the trainer's own eval, with the data and the objective
   switched to `task` and the arm's head kept."""
-  from launch import trainer
-  from launch.trainer import checkpoint as ckpt_lib
-  from launch.trainer import checks
   head = pair_head(config)
   c = ml_collections.ConfigDict(config.to_dict())
   c.objective.name = PAIR_OBJECTIVE[task]
@@ -162,7 +168,6 @@ def downstream_file(ft, workdir) -> str:
   out = os.path.join(workdir, "downstream")
   path = os.path.join(out, f"{name}.jsonl")
   if not os.path.isfile(path):
-    from launch.data import real_datasets
     try:
       made, _ = real_datasets.prepare(name, out, int(ft.get("max_rows", -1)),
                                       int(ft.get("split_seed", 0)))
@@ -175,7 +180,6 @@ def downstream_file(ft, workdir) -> str:
 def majority_baseline(ft, workdir):
   """Accuracy of always predicting the most frequent training label on the held-out
   rows (the split launch.finetune makes), or None before the data exists."""
-  from launch.data import finetune_data as fd
   try:
     path = downstream_file(ft, workdir)
   except (study_lib.StudyError, SystemExit):
@@ -194,8 +198,7 @@ def majority_baseline(ft, workdir):
 
 
 def finetune_config(ft, init_from, data_file, seed):
-  from configs import finetune as finetune_configs
-  c = finetune_configs.get_config("sequence").unlock()
+  c = cli.load_config("finetune:sequence").unlock()
   c.init_from = init_from
   f = c.finetune
   f.train_file, f.eval_fraction = data_file, float(ft.get("eval_fraction", 0.2))
@@ -217,7 +220,6 @@ def finetune_config(ft, init_from, data_file, seed):
 def finetune_seed(ft, init_from, data_file, seed, ft_dir) -> dict:
   done = _json(os.path.join(ft_dir, "results.json"))
   if done is None:
-    from launch import finetune
     done = finetune.run(finetune_config(ft, init_from, data_file, seed), ft_dir)
   last = done["history"][-1]
   return {"seed": int(seed), "accuracy": last["accuracy"], "macro_f1": last.get("macro_f1"),
@@ -228,7 +230,6 @@ def finetune_seed(ft, init_from, data_file, seed, ft_dir) -> dict:
 # ---- the arm ----------------------------------------------------------------------------
 
 def _pretrain_record(pretrain_dir, key):
-  from launch.trainer import metrics as metrics_lib
   for r in metrics_lib.read(pretrain_dir):
     if r.get("split") == key:
       return r
@@ -237,8 +238,6 @@ def _pretrain_record(pretrain_dir, key):
 
 def run(study, arm, workdir, steps=None) -> dict:
   """Runs (or resumes) one arm; returns and writes its result row."""
-  from launch import trainer
-  from launch.trainer import report
   workdir = os.path.abspath(workdir)  # Orbax checkpoints need absolute paths
   arm_dir = os.path.join(workdir, "arms", arm)
   pretrain_dir = os.path.join(arm_dir, "pretrain")

@@ -9,6 +9,9 @@ import platform
 
 import numpy as np
 
+from launch.ablation import study as study_lib
+from launch.trainer import plotting
+
 CSV_FIELDS = ("arm", "label", "objective", "steps", "params", "pretrain_flops",
               "mlm_accuracy", "mlm_baseline", "pair_on_nsp", "pair_on_sop",
               "downstream_mean", "downstream_std", "downstream_seeds", "seeds",
@@ -130,7 +133,6 @@ def write_md(study, rows, path, command="", load="", baseline=None):
       cells.append("—")
     cells.append(f"{r.get('wall_s', 0):.0f}")
     out.append("| " + " | ".join(cells) + " |")
-  from launch.ablation import study as study_lib
   columns = tuple(s.get("paper_columns", ()))
   if columns:
     out += ["", f"## The paper ({s.paper}, {s.table})", "",
@@ -141,7 +143,6 @@ def write_md(study, rows, path, command="", load="", baseline=None):
       paper = tuple(a.get("paper", ())) or ("not checked",) * len(columns)
       out.append(f"| {name} | {a.get('label', name)} | " + " | ".join(str(p) for p in paper)
                  + f" | {a.get('note', '')} |")
-  from launch.ablation import study as study_lib
   done = {r["arm"] for r in rows}
   pending = [a for a in study_lib.arm_names(s) if a not in done]
   not_run = list(s.get("not_run", ())) + [
@@ -158,9 +159,7 @@ def write_md(study, rows, path, command="", load="", baseline=None):
 
 
 def plot(study, rows, path, baseline=None):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = plotting.pyplot()
   panels = []
   if any("downstream_mean" in r for r in rows):
     panels.append(("downstream", "downstream accuracy % (seeds: dots)"))

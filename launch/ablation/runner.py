@@ -9,7 +9,6 @@ work directory that holds results: use a new --workdir, or delete that arm's dir
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess

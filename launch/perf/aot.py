@@ -29,14 +29,22 @@ else from $TPU_LIBRARY_PATH, else from `.cache/libtpu` in the repository (where
 `pip install --target .cache/libtpu 'libtpu==<jax's pin>'` puts it without touching the
 environment; `libtpu_requirement()` names the pin).
 """
-import json
+import importlib.metadata
+import importlib.util
 import os
-import sys
+import re
 import time
 from typing import Any, Dict, Optional, Sequence
 
-from launch.trainer import devices as devices_lib
+import jax
+import ml_collections
+from jax.experimental import topologies
+
+from encoders import base
+from encoders.layers import kernels
+from launch import trainer
 from launch.perf import kernel_cost, op_costs, runinfo, synthetic
+from launch.trainer import devices as devices_lib
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOCAL_LIBTPU = os.path.join(_REPO, ".cache", "libtpu", "libtpu", "libtpu.so")
@@ -52,7 +60,6 @@ class AotError(Exception):
 
 def find_libtpu() -> Optional[str]:
   """Path of libtpu.so, or None. Sets TPU_LIBRARY_PATH when it comes from the cache."""
-  import importlib.util
   env = os.environ.get("TPU_LIBRARY_PATH")
   if env and os.path.isfile(env):
     return env
@@ -71,8 +78,6 @@ def find_libtpu() -> Optional[str]:
 def libtpu_requirement() -> str:
   """The libtpu pin of the installed jax's `tpu` extra (e.g. libtpu==0.0.42.*): the TPU
   compiler built for this jax release. Plain "libtpu" if jax names none."""
-  import importlib.metadata
-  import re
   for req in importlib.metadata.requires("jax") or []:
     if req.startswith("libtpu") and "extra ==" in req and "tpu" in req:
       return re.sub(r"\s", "", req.split(";")[0])
@@ -92,7 +97,6 @@ def quiet_libtpu_env():
 
 
 def get_topology(name: str):
-  from jax.experimental import topologies
   try:
     return topologies.get_topology_desc(topology_name=name, platform="tpu")
   except Exception as e:  # the plugin's message names the problem
@@ -156,9 +160,6 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
   `breakdown` N > 0: also report where XLA's part of the time goes, op by op
   (launch/perf/op_costs.py), from the program XLA priced (the twin, when there is one); the
   text report shows the N largest groups."""
-  import ml_collections
-  from encoders import base
-  from launch import trainer
   topo = get_topology(topology)
   devices = list(topo.devices)
   config = ml_collections.ConfigDict(config.to_dict())
@@ -258,8 +259,6 @@ def _step_time_estimate(config, tok, devices, setup, batch, est, hlo):
   cost for; should that happen, the twin also does the objective's batch transform
   (masking: elementwise and sorts over (B, T), tiny next to the model) beforehand. The
   masking is written with gathers and scans only, so today's step is priced directly."""
-  import ml_collections
-  from launch import trainer
   loops = _has_loop(hlo)
   if est is not None and est > 0 and not loops:
     return est, [], hlo
@@ -289,9 +288,6 @@ def _xla_part_without_kernels(config, tok, devices, batch, unroll: bool):
   330 us (T=2048) above the same program with the stand-in, against compute rooflines of
   33 us and 524 us. So the step is priced as this twin (the stand-in's own small cost
   included) plus the kernels' roofline (launch/perf/kernel_cost.py)."""
-  import ml_collections
-  from encoders.layers import kernels
-  from launch import trainer
   twin = ml_collections.ConfigDict(config.to_dict())
   if unroll:
     twin.model.scan_layers = False
@@ -305,7 +301,6 @@ def _xla_part_without_kernels(config, tok, devices, batch, unroll: bool):
 
 
 def _has_loop(hlo: str) -> bool:
-  import re
   return bool(re.search(r"\bwhile\(", hlo or ""))
 
 
@@ -320,7 +315,6 @@ def _price(setup, batch):
 def _estimate_without_transform(setup, batch):
   """`_price` of the train step with `objective.transform` done beforehand: the step is
   traced with an identity transform on a batch shaped like the transform's output."""
-  import jax
   objective = setup.objective
   # the key data of the default PRNG (threefry: 2 words; rbg / unsafe_rbg: 4)
   key = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
@@ -351,7 +345,6 @@ def format_report(r: Dict[str, Any]) -> str:
               if c.get("state_over_data") and r["mesh"].get("data", 1) > 1 else "")]
   if r.get("attention_choice"):
     lines.append(r["attention_choice"])
-  from launch import trainer
   lines.append(trainer.compiler_options_line(r.get("compiler_options")))
   if "compile_error" in r:
     lines.append(f"DOES NOT FIT: the TPU compiler ran out of memory: {r['compile_error']}")

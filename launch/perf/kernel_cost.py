@@ -34,6 +34,7 @@ import math
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from encoders.layers import relative_kernel
 from launch.trainer import devices as devices_lib
 
 DEFAULT_EFFICIENCY = 0.5
@@ -85,7 +86,6 @@ def custom_calls(hlo: str) -> List[Dict[str, Any]]:
 def _matmuls(name: str, q, results, has_dq_kernel: bool) -> Optional[int]:
   n = name.lower()
   if "deberta_rel_" in n:
-    from encoders.layers import relative_kernel
     for kernel in relative_kernel.KERNEL_NAMES:
       if kernel in n:
         return relative_kernel.matmul_units(kernel, "c2p" in n, "p2c" in n)

@@ -5,9 +5,10 @@ import platform
 import time
 from typing import Any, Dict, List, Sequence
 
+import jax
+
 
 def machine_info() -> Dict[str, Any]:
-  import jax
   cpu = platform.processor() or ""
   try:
     with open("/proc/cpuinfo") as f:
@@ -23,8 +24,8 @@ def machine_info() -> Dict[str, Any]:
           "jax": jax.__version__, "python": platform.python_version(),
           "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "hostname": platform.node()}
   try:
-    import torch
-    import transformers
+    import torch  # optional (the hf extra): named in the report when installed
+    import transformers  # optional (the hf extra)
     info.update(torch=torch.__version__, transformers=transformers.__version__,
                 torch_threads=torch.get_num_threads())
   except ImportError:

@@ -9,7 +9,10 @@ the batch maximum.
 import dataclasses
 from typing import Dict, List, Sequence
 
+import jax
 import numpy as np
+
+from launch.trainer import sharding
 
 FIRST_REGULAR_ID = 6  # ids below are reserved for the synthetic special tokens
 MIN_DOC_LEN = 8
@@ -119,8 +122,6 @@ def batches(objective, layouts, seed: int = 0) -> List[Dict[str, np.ndarray]]:
 def row_sharded(shapes, batch_sharding):
   """ShapeDtypeStructs of `shapes` (a dict of arrays or shape structs) with their rows
   sharded like the trainer's batches and every other dim replicated."""
-  import jax
-  from launch.trainer import sharding
   return {k: jax.ShapeDtypeStruct(v.shape, v.dtype,
                                   sharding=sharding.row_sharding(batch_sharding, len(v.shape)))
           for k, v in shapes.items()}

@@ -30,11 +30,17 @@ def _baseline_label(base, prefix):
   return f"{prefix.upper()} baseline ({what}) {100 * base[prefix + _BASE_SUFFIX]:.1f}%"
 
 
+def pyplot():
+  """matplotlib.pyplot, drawing to files (the Agg backend)."""
+  import matplotlib  # slow to import; only a plot needs it
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # slow to import; only a plot needs it
+  return plt
+
+
 def figure(records, title=None):
   """The matplotlib figure of `records` (metrics.jsonl rows): 2 x (loss terms) panels."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
   terms = _terms(records) or ["loss"]
   base = [r for r in records if r.get("split") == "baseline"]
   base = base[-1] if base else {}
@@ -67,7 +73,7 @@ def figure(records, title=None):
 
 def plot(records, path, title=None):
   """Draws `records` into the PNG `path`; returns `path`."""
-  import matplotlib.pyplot as plt
+  plt = pyplot()
   fig = figure(records, title)
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.savefig(path, dpi=100)

@@ -157,7 +157,8 @@ aot.quiet_libtpu_env()
 import jax, jax.numpy as jnp
 from jax.sharding import SingleDeviceSharding
 from configs import bert
-from launch.perf import synthetic, trainer
+from launch import trainer
+from launch.perf import synthetic
 devices = aot.get_topology("v5p:2x2x1").devices
 seen = []
 real_jit = jax.jit
@@ -207,7 +208,8 @@ def test_fallback_twin_prices_the_step_with_the_transform_done_beforehand():
   # identity transform, and the objective's own transform is back afterwards.
   import jax
   from configs import bert as bert_configs
-  from launch.perf import synthetic, trainer
+  from launch import trainer
+  from launch.perf import synthetic
   c = bert_configs.get_config("tiny").unlock()
   c.model.num_hidden_layers, c.model.vocab_size = 1, 512
   c.data.global_batch, c.data.seq_len, c.mesh.shape = 4, 32, (2, 1, 1)

@@ -179,7 +179,7 @@ def test_torch_lamb_matches_optax_lamb():
   import numpy as np
   import optax
   import torch
-  from launch.perf.bench.models import torch_lamb
+  from launch.perf.bench.theirs import torch_lamb
   rng = np.random.RandomState(0)
   w, b = rng.randn(4, 3).astype(np.float32), rng.randn(3).astype(np.float32)
   grads = [(rng.randn(4, 3).astype(np.float32), rng.randn(3).astype(np.float32))

@@ -79,7 +79,7 @@ def test_torch_stable_adamw_matches_optax():
   StableAdamW, so the bench's must make ours' updates (three steps, the last clipped)."""
   import torch
 
-  from launch.perf.bench.models import torch_stable_adamw
+  from launch.perf.bench.theirs import torch_stable_adamw
   rng = np.random.RandomState(0)
   w, b = rng.randn(4, 3).astype(np.float32), rng.randn(3).astype(np.float32)
   grads = [(rng.randn(4, 3).astype(np.float32) * s, rng.randn(3).astype(np.float32))

@@ -60,11 +60,11 @@ How it measures:
   allocator of launch/trainer/hostmem.py, as launch.pretrain does (`--malloc system`: glibc's
   defaults).
 
-Layout: models.py (ours and theirs), runs.py (the runs), loop.py (--mode loop),
-report.py, __main__.py (CLI).
+Layout: models.py (ours), theirs.py (transformers' side: torch), runs.py (the runs),
+loop.py (--mode loop), report.py; the command is launch/bench.py.
 """
-from launch.perf.bench.models import Ours, Theirs
+from launch.perf.bench.models import Ours
 from launch.perf.bench.report import format_report
 from launch.perf.bench.runs import bench_packed, bench_step
 
-__all__ = ["Ours", "Theirs", "bench_step", "bench_packed", "format_report"]
+__all__ = ["Ours", "bench_step", "bench_packed", "format_report"]

@@ -25,6 +25,14 @@ import shutil
 import threading
 import time
 
+import jax
+from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+
+from launch import cli
+from launch import data as data_lib
+from launch.trainer import sharding as shard_lib
+from launch.trainer.state import build
+
 
 def _cpu() -> float:
   s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -32,12 +40,7 @@ def _cpu() -> float:
 
 
 def _config(a):
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  path, _, arg = a.config.partition(":")
-  spec = importlib.util.spec_from_file_location("bench_config", path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  c = (mod.get_config(arg) if arg else mod.get_config()).unlock()
+  c = cli.load_config(a.config).unlock()
   c.data.source, c.data.path = "arrayrecord", a.data[0]
   c.data.global_batch, c.data.worker_count = a.global_batch, a.worker_count
   with open(os.path.join(a.data[0], "manifest.json")) as f:
@@ -57,10 +60,6 @@ def _pull(it, seconds, stop=None):
 
 
 def throughput(a) -> dict:
-  import jax  # pylint: disable=g-import-not-at-top
-  from launch import data as data_lib  # pylint: disable=g-import-not-at-top
-  from launch.trainer import sharding as shard_lib  # pylint: disable=g-import-not-at-top
-  from launch.trainer.state import build  # pylint: disable=g-import-not-at-top
   c = _config(a)
   p = data_lib.make_pipeline(c, None, process_index=0, process_count=1)
   if a.vocab_size:
@@ -104,7 +103,6 @@ def _size(d) -> int:
 
 
 def startup(a) -> list:
-  from launch import data as data_lib  # pylint: disable=g-import-not-at-top
   rows = []
   for d in a.data:
     a2 = argparse.Namespace(**{**vars(a), "data": [d]})
@@ -125,7 +123,6 @@ def startup(a) -> list:
 def concat(a) -> dict:
   """A bigger corpus from DIR: its train records written `--repeat` times into one shard,
   that shard copied `--copies` times (a concatenated corpus: same rows, many GB)."""
-  from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter  # pylint: disable=g-import-not-at-top
   src, out = a.data[0], a.out
   with open(os.path.join(src, "manifest.json")) as f:
     m = json.load(f)

@@ -14,9 +14,21 @@ plus the relative terms over the distinct rows a sequence uses, x3 for forward+b
 Sizes: DeBERTa-v3-base's layer (H768, 12 heads, 3072 MLP, 256 log buckets), bfloat16 on
 TPU, float32 on the CPU.
 """
+import argparse
 import json
 import resource
 import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import SingleDeviceSharding
+
+import encoders
+from encoders import bert, deberta
+from launch import cli
+from launch.perf import aot
+from launch.trainer import devices as devices_lib
 
 FORMULATIONS = {  # name -> (relative_impl, relative_block)
     "gather": ("gather", 0),
@@ -32,8 +44,7 @@ FORMULATIONS = {  # name -> (relative_impl, relative_block)
 
 
 def layer_config(impl, block, dtype):
-  from configs import deberta as deberta_configs
-  m = deberta_configs.get_config("base").model.unlock()
+  m = cli.load_config("deberta:base").model.unlock()
   m.num_hidden_layers = 1
   m.vocab_size = 1024  # the layer is measured, not the 128k embedding table
   m.heads = ()
@@ -48,11 +59,7 @@ def layer_config(impl, block, dtype):
 
 def layer_step(cfg, batch, seq):
   """(jitted fwd+bwd of one layer, example args as ShapeDtypeStructs, model FLOPs)."""
-  import jax
-  import jax.numpy as jnp
 
-  import encoders
-  from encoders import bert, deberta
   model = encoders.build(cfg)
   params = jax.eval_shape(lambda: encoders.init_params(model, jax.random.PRNGKey(0)))
 
@@ -69,8 +76,6 @@ def layer_step(cfg, batch, seq):
 
 
 def measure_cpu(batch, seq, repeats, names):
-  import jax
-  import numpy as np
   rows = []
   for name in names:
     impl, block = FORMULATIONS[name]
@@ -78,7 +83,6 @@ def measure_cpu(batch, seq, repeats, names):
     step, args, flops, model = layer_step(cfg, batch, seq)
     compiled = step.lower(*args).compile()
     temp = compiled.memory_analysis().temp_size_in_bytes
-    import encoders
     params = encoders.init_params(model, jax.random.PRNGKey(0))
     ids = np.random.RandomState(0).randint(5, 1000, (batch, seq)).astype(np.int32)
     key = jax.random.PRNGKey(1)
@@ -95,11 +99,7 @@ def measure_cpu(batch, seq, repeats, names):
 
 
 def measure_tpu(topology, batch, seq, names):
-  import jax
-  from jax.sharding import SingleDeviceSharding
 
-  from launch.perf import aot
-  from launch.trainer import devices as devices_lib
   aot.quiet_libtpu_env()
   if aot.find_libtpu() is None:
     raise SystemExit("libtpu not found (see launch/perf/aot.py)")
@@ -128,7 +128,6 @@ def measure_tpu(topology, batch, seq, names):
 
 
 def main():
-  import argparse
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--where", choices=("cpu", "tpu"), default="cpu")
   p.add_argument("--topology", default="v5p:2x2x1")

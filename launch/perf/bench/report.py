@@ -2,6 +2,7 @@
 from typing import Any, Dict
 
 from launch.perf import runinfo
+from launch.perf.bench import loop
 from launch.perf.bench.runs import PEAK_DRIFT as DRIFT_WARNING
 
 
@@ -50,7 +51,6 @@ def format_report(r: Dict[str, Any]) -> str:
                  f"{m.get('platform')} x{m.get('devices')} {m.get('device_kind')}, "
                  f"{m.get('date')}")
   if r["mode"] == "loop":
-    from launch.perf.bench import loop  # pylint: disable=g-import-not-at-top
     return "\n".join(lines + loop.format_loop(r))
   lines += _peak_lines(r)
   if "ours" in r:

@@ -3,9 +3,13 @@ the same documents packed vs padded."""
 import statistics
 from typing import Any, Dict
 
-from launch.trainer import devices as devices_lib
+import jax
+import ml_collections
+
+from encoders import base
 from launch.perf import runinfo, synthetic
-from launch.perf.bench.models import Ours, Theirs
+from launch.perf.bench.models import Ours
+from launch.trainer import devices as devices_lib
 
 
 def _median(xs):
@@ -23,9 +27,6 @@ def _stats(times, tokens, flops, peak, devices) -> Dict[str, Any]:
 
 
 def _config_copy(config, batch: int, seq: int):
-  import jax
-  import ml_collections
-  from encoders import base
   c = ml_collections.ConfigDict(config.to_dict())
   c.data.global_batch = batch
   c.data.seq_len = seq
@@ -44,32 +45,22 @@ PEAK_REPEATS = 5
 PEAK_DRIFT = 0.10  # the rate moving more than this between the two ends is reported
 
 
-def _torch_matmul_flops(n: int, dtype: str, repeats: int) -> float:
-  import torch
-  dt = {"float32": torch.float32, "bfloat16": torch.bfloat16,
-        "float16": torch.float16}[str(dtype)]
-  a, b = torch.ones(n, n, dtype=dt), torch.full((n, n), 0.5, dtype=dt)
-  with torch.inference_mode():
-    return devices_lib.best_rate(lambda: torch.matmul(a, b), 2 * n ** 3, repeats)
-
-
 def measure_peak(dtype: str, with_torch: bool) -> Dict[str, float]:
   """This moment's dense-matmul FLOP/s of the CPU: {"jax": ..., "torch": ...}."""
   rates = {"jax": devices_lib.measure_cpu_matmul_flops(PEAK_MATMUL_N, dtype, PEAK_REPEATS,
                                                         cached=False)}
   if with_torch:
-    rates["torch"] = _torch_matmul_flops(PEAK_MATMUL_N, dtype, PEAK_REPEATS)
+    from launch.perf.bench import theirs  # torch: the hf extra, only for --compare-hf
+    rates["torch"] = theirs.matmul_flops(PEAK_MATMUL_N, dtype, PEAK_REPEATS)
   return rates
 
 
 def _on_cpu() -> bool:
-  import jax
   return jax.devices()[0].platform == "cpu"
 
 
 def peak(config) -> float:
   """The published peak of a TPU/GPU chip; 0.0 on the CPU, whose peak a run measures."""
-  import jax
   return 0.0 if _on_cpu() else devices_lib.peak_flops(jax.devices()[0], config.model.dtype)
 
 
@@ -90,7 +81,6 @@ def _cpu_rates(config, with_torch: bool):
 
 
 def _check_platform(config):
-  import jax
   if config.model.attention_impl == "splash" and jax.devices()[0].platform != "tpu":
     raise SystemExit("attention_impl=splash is a TPU kernel and cannot run on "
                      f"{jax.devices()[0].platform}; check it with `python -m launch.aot` "
@@ -101,7 +91,6 @@ def bench_step(config, mode: str = "train", batch: int = 8, seq: int = 0, iters:
                warmup: int = 2, compare_hf: bool = False, seed: int = 0,
                log=print) -> Dict[str, Any]:
   """Times our step (and transformers' with `compare_hf`) on full-length rows."""
-  import jax
   seq = seq or config.data.seq_len
   config = _config_copy(config, batch, seq)
   _check_platform(config)
@@ -119,7 +108,8 @@ def bench_step(config, mode: str = "train", batch: int = 8, seq: int = 0, iters:
   memory = {"xla_buffers_bytes": ours.memory[key], **devices_lib.measured_peak_bytes()}
   theirs = x = None
   if compare_hf:
-    theirs = Theirs(config, mode, ours.objective, ours.params_for_export())
+    from launch.perf.bench import theirs as theirs_lib  # torch: the hf extra, only for --compare-hf
+    theirs = theirs_lib.Theirs(config, mode, ours.objective, ours.params_for_export())
     x = theirs.inputs(host, seed)
     if mode == "forward":
       result["max_abs_diff_last_hidden"] = ours.objective.reference_diff(
@@ -157,7 +147,6 @@ def bench_packed(config, spec: str, mode: str = "train", batch: int = 8, seq: in
                  iters: int = 10, pad_multiple: int = 16, passes: int = 2, seed: int = 0,
                  log=print) -> Dict[str, Any]:
   """Real-token throughput of the same documents packed vs padded to the batch maximum."""
-  import jax
   seq = seq or config.data.seq_len
   config = _config_copy(config, batch, seq)
   _check_platform(config)
