@@ -1,10 +1,11 @@
-"""Fine-tuning: a task head (encoders/tasks.py) on a pretrained HF directory.
+"""Fine-tuning: a task (encoders/tasks/<task>.py) on a pretrained HF directory.
 
   python -m launch.finetune --config configs/finetune.py:sequence \
       --config.init_from=DIR --workdir /tmp/ft \
       --config.finetune.train_file=train.csv [--config.finetune.eval_file=dev.csv]
   configs/finetune.py:token   CoNLL files;   configs/finetune.py:qa   SQuAD JSON
   configs/finetune.py:regression             a table with a numeric label column
+  (the variant is finetune.task: any registered task, with its first data format)
 
 The model section and the tokenizer come from `init_from` (as continued pretraining);
 the training length is `finetune.epochs` epochs of the train rows (train.steps is set
@@ -12,24 +13,20 @@ from it); evaluation runs after every epoch, and the best epoch's weights are ke
 run summary; "error": stop, naming the file and line).
 """
 from configs import common
-
-TASKS = {"sequence": ("sequence", "table"), "regression": ("sequence", "table"),
-         "token": ("token", "conll"), "qa": ("qa", "squad")}
+from encoders import tasks
 
 
 def get_config(arg="sequence"):
   a = common.parse_arg(arg, variant="sequence")
-  if a.variant not in TASKS:
-    raise ValueError(f"unknown fine-tuning task {a.variant!r}; choose from {list(TASKS)}")
-  task, fmt = TASKS[a.variant]
+  task = tasks.get(a.variant)  # ValueError naming the registered tasks
   c = common.base_config()
   c.model.heads = ()
   c.model.dtype = "float32"
   c.objective.name = "finetune"
   f = c.finetune = common.ml_collections.ConfigDict()
-  f.task = task
-  f.regression = a.variant == "regression"
-  f.data_format = fmt  # table (csv/tsv/jsonl) | conll | squad | tfds
+  f.task = task.name  # sequence | regression | token | qa (encoders/tasks/)
+  f.data_format = task.formats[0]  # table (csv/tsv/jsonl) | tfds | conll | squad
+  f.encoding = "utf-8"  # of the input files (e.g. "latin-1", "utf-16")
   f.train_file = ""
   f.eval_file = ""  # empty: hold out eval_fraction of the train rows (seeded)
   f.eval_fraction = 0.2
@@ -48,6 +45,10 @@ def get_config(arg="sequence"):
   # its file and line) | "skip" (the row is skipped and counted in the run summary).
   f.unknown_eval_labels = "error"
   f.num_labels = 2
+  # The eval metric that picks the best epoch; "": the task's own (sequence: accuracy,
+  # regression: pearson, token: entity_f1, qa: f1). Tagging without chunks (parts of
+  # speech) reads better by "token_accuracy".
+  f.selection_metric = ""
   f.epochs = 3
   f.stride = 64  # qa: context tokens shared by consecutive windows
   f.n_best = 20  # qa: candidate starts / ends per window

@@ -73,10 +73,11 @@ class Albert(model.Encoder):
   forward_flops = staticmethod(forward_flops)
 
   @staticmethod
-  def task_heads(cfg) -> tasks.TaskHeads:
-    """Sequence: the tanh pooler, then the classifier; tokens and QA: one linear layer."""
-    return tasks.TaskHeads(sequence=tasks.Head(pooling="pooler"), token=tasks.Head(),
-                           qa=tasks.Head(dropout=0.0))
+  def task_heads(cfg):
+    """Pooled: the tanh pooler, then the classifier; tokens and spans: one linear layer."""
+    return {"pooled": tasks.Head(pooling="pooler", hf={"out": "classifier"}),
+            "per_token": tasks.Head(hf={"out": "classifier"}),
+            "span": tasks.Head(dropout=0.0, hf={"out": "qa_outputs"})}
 
   @staticmethod
   def scan_params(cfg, params):

@@ -103,12 +103,15 @@ class Bert(model.Encoder):
   forward_flops = staticmethod(forward_flops)
 
   @staticmethod
-  def task_heads(cfg) -> tasks.TaskHeads:
+  def task_heads(cfg):
     """BERT classifies its tanh pooler output; RoBERTa's head is its own dense + tanh on
-    <s>. Tokens and QA: one linear layer on each hidden state."""
-    roberta = cfg.get("position_style") == "roberta"
-    seq = tasks.Head(pooling="cls", act="tanh") if roberta else tasks.Head(pooling="pooler")
-    return tasks.TaskHeads(sequence=seq, token=tasks.Head(), qa=tasks.Head(dropout=0.0))
+    <s>. Tokens and spans: one linear layer on each hidden state."""
+    pooled = (tasks.Head(pooling="cls", act="tanh", hf={"dense": "classifier.dense",
+                                                        "out": "classifier.out_proj"})
+              if cfg.get("position_style") == "roberta"
+              else tasks.Head(pooling="pooler", hf={"out": "classifier"}))
+    return {"pooled": pooled, "per_token": tasks.Head(hf={"out": "classifier"}),
+            "span": tasks.Head(dropout=0.0, hf={"out": "qa_outputs"})}
 
   def position_offset(self) -> int:
     return self.config.pad_token_id + 1 if self.config.position_style == "roberta" else 0

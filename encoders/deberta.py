@@ -283,11 +283,13 @@ class Deberta(model.Encoder):
   forward_flops = staticmethod(forward_flops)
 
   @staticmethod
-  def task_heads(cfg) -> tasks.TaskHeads:
-    """Sequence: DeBERTa's ContextPooler (dense + pooler_hidden_act on the first token),
-    then the classifier; tokens and QA: one linear layer on each hidden state."""
-    return tasks.TaskHeads(sequence=tasks.Head(pooling="cls", act=cfg.pooler_hidden_act),
-                           token=tasks.Head(), qa=tasks.Head(dropout=0.0))
+  def task_heads(cfg):
+    """Pooled: DeBERTa's ContextPooler (pooler.dense + pooler_hidden_act on the first
+    token), then the classifier; tokens and spans: one linear layer on each hidden state."""
+    return {"pooled": tasks.Head(pooling="cls", act=cfg.pooler_hidden_act,
+                                 hf={"dense": "pooler.dense", "out": "classifier"}),
+            "per_token": tasks.Head(hf={"out": "classifier"}),
+            "span": tasks.Head(dropout=0.0, hf={"out": "qa_outputs"})}
 
   def max_length(self):
     c = self.config

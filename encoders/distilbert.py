@@ -84,14 +84,15 @@ class DistilBert(model.Encoder):
   forward_flops = staticmethod(forward_flops)
 
   @staticmethod
-  def task_heads(cfg) -> tasks.TaskHeads:
-    """transformers' DistilBERT heads: sequence = dense + ReLU on the first token, then
-    the classifier (dropout seq_classif_dropout); tokens: one linear layer (dropout
-    `dropout`); QA: one linear layer (dropout qa_dropout)."""
-    return tasks.TaskHeads(
-        sequence=tasks.Head(pooling="cls", act="relu",
-                            dropout=cfg.get("seq_classif_dropout", 0.2)),
-        token=tasks.Head(), qa=tasks.Head(dropout=cfg.get("qa_dropout", 0.1)))
+  def task_heads(cfg):
+    """transformers' DistilBERT heads: pooled = pre_classifier (dense + ReLU) on the
+    first token, then the classifier (dropout seq_classif_dropout); tokens: one linear
+    layer (dropout `dropout`); spans: one linear layer (dropout qa_dropout)."""
+    return {"pooled": tasks.Head(pooling="cls", act="relu",
+                                 dropout=cfg.get("seq_classif_dropout", 0.2),
+                                 hf={"dense": "pre_classifier", "out": "classifier"}),
+            "per_token": tasks.Head(hf={"out": "classifier"}),
+            "span": tasks.Head(dropout=cfg.get("qa_dropout", 0.1), hf={"out": "qa_outputs"})}
 
   def parts(self) -> model.Parts:
     c = self.config

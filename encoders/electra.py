@@ -68,11 +68,14 @@ class Electra(model.Encoder):
   forward_flops = staticmethod(forward_flops)
 
   @staticmethod
-  def task_heads(cfg) -> tasks.TaskHeads:
-    """transformers' ELECTRA heads: sequence = dense + GELU on the first token (no
-    pooler); tokens and QA: one linear layer on each hidden state."""
-    return tasks.TaskHeads(sequence=tasks.Head(pooling="cls", act="gelu"),
-                           token=tasks.Head(), qa=tasks.Head(dropout=0.0))
+  def task_heads(cfg):
+    """transformers' ELECTRA heads: pooled = classifier.dense + GELU on the first token
+    (no pooler), then classifier.out_proj; tokens and spans: one linear layer."""
+    return {"pooled": tasks.Head(pooling="cls", act="gelu",
+                                 hf={"dense": "classifier.dense",
+                                     "out": "classifier.out_proj"}),
+            "per_token": tasks.Head(hf={"out": "classifier"}),
+            "span": tasks.Head(dropout=0.0, hf={"out": "qa_outputs"})}
 
   def parts(self) -> model.Parts:
     c = self.config

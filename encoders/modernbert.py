@@ -189,16 +189,18 @@ class ModernBert(model.Encoder):
   forward_flops = staticmethod(forward_flops)
 
   @staticmethod
-  def task_heads(cfg) -> tasks.TaskHeads:
-    """transformers' ModernBertFor*: [cls or mean pooling] -> the prediction head (dense
-    with `classifier_bias`, `classifier_activation`, LayerNorm) -> dropout -> classifier."""
+  def task_heads(cfg):
+    """transformers' ModernBertFor*: [cls or mean pooling] -> the prediction head
+    (head.dense with `classifier_bias`, `classifier_activation`, head.norm) -> dropout ->
+    classifier, for every kind."""
     def head(pooling="cls"):
       return tasks.Head(pooling=pooling, act=cfg.classifier_activation, norm=True,
                         norm_bias=cfg.norm_bias, norm_eps=cfg.norm_eps,
                         dropout=cfg.get("classifier_dropout", 0.0),
-                        dense_bias=cfg.classifier_bias, pre_dropout=False)
-    return tasks.TaskHeads(sequence=head(cfg.get("classifier_pooling", "cls")),
-                           token=head(), qa=head())
+                        dense_bias=cfg.classifier_bias, pre_dropout=False,
+                        hf={"dense": "head.dense", "norm": "head.norm", "out": "classifier"})
+    return {"pooled": head(cfg.get("classifier_pooling", "cls")), "per_token": head(),
+            "span": head()}
 
   @staticmethod
   def scan_params(cfg, params):

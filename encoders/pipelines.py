@@ -10,6 +10,11 @@ transformers' pipelines (and sentence-transformers for embeddings):
     pipelines.answer(p, question, context)      # {"score", "start", "end", "answer"}
     pipelines.search(p, queries, corpus, top_k) # [[{"corpus_id", "score"}]] by cosine
 
+    pipelines.predict(p, *args)                 # the model's task's own pipeline
+
+classify, tag and answer are the pipeline functions of the sequence (and regression),
+token and qa tasks (encoders/tasks/); `predict` runs whichever the model's task has.
+
 Batched and jitted: rows are padded to a fixed batch size and to the next length bucket
 (16, 32, 64, ... up to the model's maximum), so a stream of inputs reuses a handful of
 compiled programs instead of compiling per shape. Padding never changes a result (every
@@ -19,7 +24,16 @@ import dataclasses
 import os
 from typing import Any, List, Optional, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from encoders import hf, tasks
+from encoders.hf import tasks as tasks_hf
+from encoders.tasks.qa import answer  # noqa: F401  (the qa task's pipeline)
+from encoders.tasks.sequence import classify  # noqa: F401  (sequence, regression)
+from encoders.tasks.token import tag  # noqa: F401  (the token task's pipeline)
+from encoders.tokenizer import load_tokenizer
 
 PER_TOKEN = {"last_hidden_state", "mlm_logits", "start_logits", "end_logits", "rtd_logits"}
 BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -46,6 +60,15 @@ class Pipeline:
   def task(self):
     return getattr(self.model, "task", None)
 
+  @property
+  def unit(self) -> Optional[tasks.Task]:
+    """The model's registered task (None: an encoder)."""
+    return tasks.get(self.task) if self.task is not None else None
+
+  def labels(self):
+    """The label names of a task model's outputs (LABEL_i where it has none)."""
+    return self.model.labels or tuple(f"LABEL_{i}" for i in range(self.model.num_labels))
+
   def bucket(self, n: int) -> int:
     for b in BUCKETS:
       if b >= n:
@@ -63,7 +86,6 @@ class Pipeline:
       tok.no_truncation()
 
   def _fn(self, length: int):
-    import jax
     if length not in self._fns:
       model = self.model
       self._fns[length] = jax.jit(lambda p, i, m, t: model.apply({"params": p}, i, m, t))
@@ -71,7 +93,8 @@ class Pipeline:
 
   def run(self, encodings) -> List[dict]:
     """Per encoding, the model's outputs cut to its own tokens (numpy dicts)."""
-    import jax.numpy as jnp
+    per_token = PER_TOKEN | ({"logits"} if self.unit is not None and self.unit.per_token
+                             else set())
     out = []
     for lo in range(0, len(encodings), self.batch_size):
       chunk = encodings[lo:lo + self.batch_size]
@@ -85,7 +108,6 @@ class Pipeline:
       res = self._fn(t)(self.params, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))
       host = {f.name: np.asarray(getattr(res, f.name)) for f in dataclasses.fields(res)
               if getattr(res, f.name) is not None}
-      per_token = PER_TOKEN | ({"logits"} if self.task == "token" else set())
       for i, e in enumerate(chunk):
         n = len(e.ids)
         row = {k: (v[i, :n] if k in per_token else v[i]) for k, v in host.items()}
@@ -95,32 +117,23 @@ class Pipeline:
 
 
 def load(path: str, batch_size: int = 32, **overrides) -> Pipeline:
-  """An HF directory -> Pipeline: a task model for ...For{SequenceClassification,
-  TokenClassification,QuestionAnswering}, else the encoder (its architecture's heads)."""
-  from encoders import hf
-  from encoders.hf import tasks as tasks_hf
-  from launch.data import finetune_data
-  arch = (hf.hf_config(path).get("architectures") or [""])[0]
-  if any(arch.endswith(s) for s in ("ForSequenceClassification", "ForTokenClassification",
-                                     "ForQuestionAnswering")):
+  """An HF directory -> Pipeline: a task model for a registered task's class
+  (...ForSequenceClassification, ...ForTokenClassification, ...ForQuestionAnswering),
+  else the encoder (its architecture's heads)."""
+  if tasks_hf.is_task_model(path):
     model, params = tasks_hf.from_hf(path, **overrides)
   else:
     model, params = hf.from_hf(path, **overrides)
   if not os.path.isfile(os.path.join(path, "tokenizer.json")) and not os.path.isfile(
       os.path.join(path, "vocab.txt")):
     raise ValueError(f"{path} has no tokenizer.json or vocab.txt")
-  return Pipeline(model, params, finetune_data.load_tokenizer(path), batch_size)
+  return Pipeline(model, params, load_tokenizer(path), batch_size)
 
 
 def _softmax(x, axis=-1):
   x = np.asarray(x, np.float64)
   e = np.exp(x - x.max(axis, keepdims=True))
   return e / e.sum(axis, keepdims=True)
-
-
-def _labels(p: Pipeline):
-  n = p.model.num_labels
-  return p.model.labels or tuple(f"LABEL_{i}" for i in range(n))
 
 
 def fill_mask(p: Pipeline, texts: Sequence[str], top_k: int = 5, mask_token="[MASK]"):
@@ -164,83 +177,12 @@ def embed(p: Pipeline, texts: Sequence[str], normalize: bool = True) -> np.ndarr
   return v.astype(np.float32)
 
 
-def classify(p: Pipeline, texts: Sequence[str], pairs=None, top_k: int = 1):
-  """Per text {"label", "score"} (softmax; sigmoid for one label), or the top_k list."""
-  if p.task != "sequence":
-    raise ValueError("classify needs a sequence-classification model")
-  labels = _labels(p)
-  out = []
-  for row in p.run(p.encode(texts, pairs)):
-    logits = row["logits"]
-    probs = 1 / (1 + np.exp(-logits.astype(np.float64))) if len(logits) == 1 else _softmax(logits)
-    order = np.argsort(-probs, kind="stable")[:top_k]
-    res = [{"label": labels[i], "score": float(probs[i])} for i in order]
-    out.append(res[0] if top_k == 1 else res)
-  return out
-
-
-def tag(p: Pipeline, texts: Sequence[str], ignore=("O",)):
-  """Per text, per (non-special) token whose label is not ignored: {"entity", "score",
-  "index", "word", "start", "end"}, as transformers' token-classification pipeline with
-  aggregation_strategy="none"."""
-  if p.task != "token":
-    raise ValueError("tag needs a token-classification model")
-  labels = _labels(p)
-  encs = p.encode(texts)
-  out = []
-  for e, row in zip(encs, p.run(encs)):
-    probs = _softmax(row["logits"])
-    res = []
-    for i, (tid, special) in enumerate(zip(e.ids, e.special_tokens_mask)):
-      k = int(probs[i].argmax())
-      if special or labels[k] in ignore:
-        continue
-      start, end = e.offsets[i]
-      res.append({"entity": labels[k], "score": float(probs[i, k]), "index": i,
-                  "word": p.tokenizer.id_to_token(tid), "start": int(start), "end": int(end)})
-    out.append(res)
-  return out
-
-
-def answer(p: Pipeline, question: str, context: str, top_k: int = 1, doc_stride: int = 128,
-           max_answer_len: int = 15, max_seq_len: Optional[int] = None,
-           handle_impossible_answer: bool = False):
-  """{"score", "start", "end", "answer"} (or the top_k list), as transformers'
-  question-answering pipeline scores spans: per window, softmax over the context tokens
-  (and [CLS]) of start and end, score = p(start) * p(end), spans of at most
-  max_answer_len tokens; long contexts in windows overlapping by doc_stride tokens."""
-  if p.task != "qa":
-    raise ValueError("answer needs a question-answering model")
-  tok = p.tokenizer
-  max_len = min(max_seq_len or 384, p.max_length)
-  stride = min(doc_stride, (max_len - len(tok.encode(question).ids)) // 2)
-  tok.enable_truncation(max_length=max_len, stride=max(stride, 0), strategy="only_second")
-  try:
-    enc = tok.encode(question, context)
-  finally:
-    tok.no_truncation()
-  windows = [enc] + list(enc.overflowing)
-  cands, null = [], 1.0
-  for w, row in zip(windows, p.run(windows)):
-    allowed = np.array([s == 1 for s in w.sequence_ids])
-    allowed[0] = True  # [CLS], as the pipeline keeps it
-    s = _softmax(np.where(allowed, row["start_logits"], -10000.0))
-    e = _softmax(np.where(allowed, row["end_logits"], -10000.0))
-    null = min(null, float(s[0] * e[0]))
-    s[0] = e[0] = 0.0
-    scores = np.triu(np.outer(s, e)) * np.tril(np.ones((len(s), len(s))), max_answer_len - 1)
-    flat = np.argsort(-scores.ravel(), kind="stable")[:max(top_k * 4, top_k)]
-    for f in flat:
-      a, b = divmod(int(f), len(s))
-      if not (allowed[a] and allowed[b]) or a == 0 or b == 0:
-        continue
-      start, end = w.offsets[a][0], w.offsets[b][1]
-      cands.append({"score": float(scores[a, b]), "start": int(start), "end": int(end),
-                    "answer": context[start:end]})
-  if handle_impossible_answer:
-    cands.append({"score": null, "start": 0, "end": 0, "answer": ""})
-  cands.sort(key=lambda c: -c["score"])
-  return cands[0] if top_k == 1 else cands[:top_k]
+def predict(p: Pipeline, *args, **kwargs):
+  """The pipeline function of the model's task (classify, tag, answer, ...)."""
+  if p.unit is None:
+    raise ValueError("predict needs a task model (encoders.hf.tasks.from_hf); for an "
+                     "encoder use fill_mask, embed or search")
+  return p.unit.pipeline(p, *args, **kwargs)
 
 
 def search(p: Pipeline, queries: Sequence[str], corpus, top_k: int = 5):

@@ -23,10 +23,13 @@ module.
 """
 from typing import Sequence, Union
 
+import flax.core.meta
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from flax import nnx, traverse_util
+
+from encoders.hf import from_hf
 
 
 def as_function(model):
@@ -46,7 +49,6 @@ def load(path: str, heads=None, *, mesh=None, rules=None, shardings=None, param_
   """An HF directory -> (apply_fn, params). The arguments are `encoders.from_hf`'s:
   with `mesh` the params are sharded jax.Arrays on it, streamed from the files; weights
   holding NaN or inf are refused unless `allow_nonfinite=True`."""
-  from encoders.hf import from_hf
   model, params = from_hf(path, heads, mesh=mesh, rules=rules, shardings=shardings,
                           param_dtype=param_dtype, allow_nonfinite=allow_nonfinite,
                           **overrides)
@@ -56,28 +58,7 @@ def load(path: str, heads=None, *, mesh=None, rules=None, shardings=None, param_
 # ---- Linen: pretrained weights into a subtree of the user's params ------------------------
 
 def _is_box(x):
-  import flax.core.meta as meta
-  return isinstance(x, meta.AxisMetadata)
-
-
-def _flat(tree, prefix=()):
-  out = {}
-  if hasattr(tree, "items") and not _is_box(tree):
-    for k, v in tree.items():
-      out.update(_flat(v, prefix + (str(k),)))
-  else:
-    out[prefix] = tree
-  return out
-
-
-def _unflatten(flat):
-  out = {}
-  for path, value in flat.items():
-    node = out
-    for k in path[:-1]:
-      node = node.setdefault(k, {})
-    node[path[-1]] = value
-  return out
+  return isinstance(x, flax.core.meta.AxisMetadata)
 
 
 def _copy(tree):
@@ -112,7 +93,7 @@ def place(params, pretrained, at: Union[str, Sequence[str]] = "encoder"):
       raise ValueError(f"place: the params have no subtree {'/'.join(keys[:i + 1])!r} "
                        f"(keys there: {have}); `at` must name the encoder's field")
     node = node[k]
-  ours, theirs = _flat(node), _flat(pretrained)
+  ours, theirs = traverse_util.flatten_dict(node), traverse_util.flatten_dict(pretrained)
 
   def name(p):
     return "/".join(keys + p)
@@ -139,7 +120,7 @@ def place(params, pretrained, at: Union[str, Sequence[str]] = "encoder"):
   parent = out
   for k in keys[:-1]:
     parent = parent[k]
-  parent[keys[-1]] = _unflatten({p: _fit(theirs[p], ours[p]) for p in ours})
+  parent[keys[-1]] = traverse_util.unflatten_dict({p: _fit(theirs[p], ours[p]) for p in ours})
   return out
 
 

@@ -36,8 +36,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from flax import traverse_util
 
 import encoders
+from encoders import hf as hf_lib
+from encoders import layers
 from objectives import losses, mlm, pretrained
 from objectives.base import model_forward_flops, register_objective
 
@@ -63,9 +66,8 @@ def teacher_dir(path: str) -> str:
 def teacher_config_from_dir(path: str, run_model) -> ml_collections.ConfigDict:
   """The teacher's model section from its config.json (MLM head only), with the run's
   execution settings."""
-  from encoders import hf as hf_lib
   hf = hf_lib.hf_config(path)
-  mapping = hf_lib._mapping_for(hf.get("model_type"))  # noqa: SLF001 - the one lookup
+  mapping = hf_lib.mapping_for(hf.get("model_type"))
   archs = [a for a in hf.get("architectures") or [] if a in mapping.architectures]
   if archs and "mlm" not in mapping.architectures[archs[0]][1]:
     raise ValueError(f"teacher {path}: {archs[0]} has no MLM head; distillation needs the "
@@ -116,32 +118,10 @@ def layer_map(spec: str, n_student: int, n_teacher: int):
   return picks, ""
 
 
-def _flat(tree, prefix=()):
-  out = {}
-  for k, v in tree.items():
-    if isinstance(v, dict):
-      out.update(_flat(v, prefix + (k,)))
-    else:
-      out[prefix + (k,)] = v
-  return out
-
-
-def _unflat(flat):
-  out = {}
-  for path, v in flat.items():
-    node = out
-    for k in path[:-1]:
-      node = node.setdefault(k, {})
-    node[path[-1]] = v
-  return out
-
-
 def _hook(cfg, name):
-  from encoders import hf as hf_lib
-  from encoders import layers
   default = ((lambda c, p: layers.stack_layer_params(p, c.num_hidden_layers))
              if name == "scan_params" else (lambda c, p: layers.unstack_layer_params(p)))
-  return hf_lib._family_hook(cfg, name, default)  # noqa: SLF001
+  return hf_lib.family_hook(cfg, name, default)
 
 
 @register_objective("distill")
@@ -265,7 +245,7 @@ class Distillation(mlm.MaskedLM):
     d = teacher_dir(self.teacher_path)
     overrides = {k: self.teacher_config[k] for k in EXECUTION if k in self.teacher_config}
     _, theirs = encoders.from_hf(d, **overrides)
-    flat_t, ours, flat_s = _flat(theirs), _flat(params), _flat(shardings)
+    flat_t, ours, flat_s = traverse_util.flatten_dict(theirs), traverse_util.flatten_dict(params), traverse_util.flatten_dict(shardings)
     missing = sorted("/".join(p) for p in ours if p not in flat_t)
     if missing:
       raise ValueError(f"teacher {d}: the checkpoint lacks {missing[:8]} (the teacher needs "
@@ -282,7 +262,7 @@ class Distillation(mlm.MaskedLM):
     unused = sorted("/".join(p) for p in flat_t if p not in ours)
     log.info("teacher %s: loaded %d tensors (frozen); not used: %s", d, len(out),
              ", ".join(unused) or "none")
-    return _unflat(out)
+    return traverse_util.unflatten_dict(out)
 
   def _student_from_teacher(self, teacher, student, shardings):
     """Copies the teacher's layers (per `student_init`), embeddings and MLM head into the
@@ -294,8 +274,8 @@ class Distillation(mlm.MaskedLM):
       self.init_report = {"student_init": "random", "reason": why}
       log.info("student init: random (%s)", why)
       return student
-    t_flat = _flat(_hook(tcfg, "unscan_params")(tcfg, teacher))
-    s_flat = _flat(_hook(scfg, "unscan_params")(scfg, student))
+    t_flat = traverse_util.flatten_dict(_hook(tcfg, "unscan_params")(tcfg, teacher))
+    s_flat = traverse_util.flatten_dict(_hook(scfg, "unscan_params")(scfg, student))
     source = {}
     for path in s_flat:
       if len(path) > 1 and path[0] == "encoder" and path[1].startswith("layer_"):
@@ -322,7 +302,7 @@ class Distillation(mlm.MaskedLM):
       else:
         out[p] = target
         fresh.append("/".join(p))
-    tree = _hook(scfg, "scan_params")(scfg, _unflat(out))
+    tree = _hook(scfg, "scan_params")(scfg, traverse_util.unflatten_dict(out))
     # Copies, not the teacher's buffers: the state's init donates both collections.
     tree = jax.tree.map(lambda x, s: jax.device_put(jnp.array(x, copy=True), s), tree,
                         shardings)

@@ -1,8 +1,8 @@
 """ALBERT <-> Hugging Face (AlbertModel, AlbertForMaskedLM, AlbertForPreTraining)."""
 from encoders import albert as albert_family
-from encoders import tasks
-from encoders.hf import Mapping, PerLayer, Rule, refuse_unknown, register_mapping
 from encoders.hf.bert import post_ln_layer_rules
+from encoders.hf.mapping import Mapping, register_mapping
+from encoders.hf.rules import PerLayer, Rule
 
 ALBERT_LAYER = dict(qkv="attention.{}", out="attention.dense",
                     attention_norm="attention.LayerNorm", wi="ffn", wo="ffn_output",
@@ -27,20 +27,17 @@ class AlbertMapping(Mapping):
   tied = {"predictions.decoder.weight": "embeddings.word_embeddings.weight",
           "predictions.decoder.bias": "predictions.bias"}
   ignorable = ("embeddings.position_ids", "embeddings.token_type_ids")
+  consumed, required = _CONSUMED, _REQUIRED
+  task_class_prefix = "Albert"
+
+  def defaults(self):
+    return albert_family.defaults()
 
   def config_from_hf(self, hf, heads):
-    refuse_unknown(hf, _CONSUMED, _REQUIRED)
-    if hf["hidden_size"] % hf["num_attention_heads"]:
-      raise ValueError("hidden_size must be a multiple of num_attention_heads")
-    m = albert_family.defaults()
-    for key in _CONSUMED:
-      if key in hf:
-        m[key] = hf[key]
+    m = self.config_start(hf, heads)
     m.hidden_dropout_prob = hf.get("hidden_dropout_prob", 0.0)
     m.attention_probs_dropout_prob = hf.get("attention_probs_dropout_prob", 0.0)
     m.initializer_range = hf.get("initializer_range", 0.02)
-    m.variant = ""
-    m.heads = tuple(heads)
     albert_family.layer_to_group(m)  # validates num_hidden_groups
     return m
 
@@ -60,12 +57,6 @@ class AlbertMapping(Mapping):
     else:
       arch = "AlbertModel"
     return hf, arch
-
-  def task_hf(self, cfg, task):
-    """AlbertFor{SequenceClassification, TokenClassification, QuestionAnswering}."""
-    return {"sequence": tasks.TaskHF("AlbertForSequenceClassification", {"out": "classifier"}),
-            "token": tasks.TaskHF("AlbertForTokenClassification", {"out": "classifier"}),
-            "qa": tasks.TaskHF("AlbertForQuestionAnswering", {"out": "qa_outputs"})}[task]
 
   def rules(self, cfg):
     layer = post_ln_layer_rules(cfg, "encoder/group_{g}/layer_{j}",

@@ -1,9 +1,8 @@
 """BERT / RoBERTa <-> Hugging Face (BertModel, BertForMaskedLM, BertForPreTraining,
 RobertaModel, RobertaForMaskedLM)."""
 from encoders import bert as bert_family
-from encoders import tasks
-from encoders.hf import (Mapping, PerLayer, Rule, layer_indices, refuse_unknown,
-                         register_mapping)
+from encoders.hf.mapping import Mapping, register_mapping
+from encoders.hf.rules import PerLayer, Rule, layer_indices
 
 _CONSUMED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
              "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
@@ -59,21 +58,21 @@ class BertMapping(Mapping):
           "lm_head.decoder.bias": "lm_head.bias"}
   # Buffers older transformers versions saved next to the weights.
   ignorable = ("embeddings.position_ids", "embeddings.token_type_ids")
+  consumed, required = _CONSUMED, _REQUIRED
+
+  def defaults(self):
+    return bert_family.defaults()
+
+  def task_prefix(self, cfg):
+    return "Roberta" if cfg.get("position_style") == "roberta" else "Bert"
 
   def config_from_hf(self, hf, heads):
-    refuse_unknown(hf, _CONSUMED, _REQUIRED)
-    if hf["hidden_size"] % hf["num_attention_heads"]:
-      raise ValueError("hidden_size must be a multiple of num_attention_heads")
-    m = bert_family.defaults()
-    for key in _CONSUMED:
-      if key in hf:
-        m[key] = hf[key]
+    m = self.config_start(hf, heads)
     m.hidden_dropout_prob = hf.get("hidden_dropout_prob", 0.1)
     m.attention_probs_dropout_prob = hf.get("attention_probs_dropout_prob", 0.1)
     m.initializer_range = hf.get("initializer_range", 0.02)
     m.family = "bert"
     m.position_style = "roberta" if hf["model_type"] == "roberta" else "absolute"
-    m.heads = tuple(heads)
     return m
 
   def config_to_hf(self, cfg):
@@ -96,18 +95,6 @@ class BertMapping(Mapping):
     else:
       arch = "RobertaModel" if roberta else "BertModel"
     return hf, arch
-
-  def task_hf(self, cfg, task):
-    """Bert/RobertaFor{SequenceClassification, TokenClassification, QuestionAnswering};
-    RoBERTa's sequence head is classifier.dense + classifier.out_proj."""
-    name = "Roberta" if cfg.get("position_style") == "roberta" else "Bert"
-    if task == "sequence":
-      modules = ({"dense": "classifier.dense", "out": "classifier.out_proj"}
-                 if name == "Roberta" else {"out": "classifier"})
-      return tasks.TaskHF(f"{name}ForSequenceClassification", modules)
-    if task == "token":
-      return tasks.TaskHF(f"{name}ForTokenClassification", {"out": "classifier"})
-    return tasks.TaskHF(f"{name}ForQuestionAnswering", {"out": "qa_outputs"})
 
   def rules(self, cfg):
     layer = post_ln_layer_rules(cfg, "encoder/layer_{i}", "encoder.layer.{i}", BERT_LAYER)

@@ -7,10 +7,9 @@ are per head its query, key and value rows side by side (a grouped split rule), 
 `q_bias` and `v_bias` (the key has none), and `pos_proj` (c2p, no bias) / `pos_q_proj`
 (p2c) for v2's `pos_key_proj` / `pos_query_proj`."""
 from encoders import deberta as deberta_family
-from encoders import tasks
-from encoders.hf import (Mapping, PerLayer, Rule, layer_indices, refuse_unknown,
-                         register_mapping)
 from encoders.hf.bert import post_ln_layer_rules
+from encoders.hf.mapping import Mapping, refuse_unknown, register_mapping
+from encoders.hf.rules import PerLayer, Rule, layer_indices
 
 DEBERTA_LAYER = dict(qkv="attention.self.{}_proj", out="attention.output.dense",
                      attention_norm="attention.output.LayerNorm", wi="intermediate.dense",
@@ -54,14 +53,11 @@ class DebertaMapping(Mapping):
   # released checkpoints carry one, for the enhanced mask decoder); so does the import,
   # unless `enhanced_mask_decoder` maps it
   ignorable = ("embeddings.position_ids", "embeddings.position_embeddings.weight")
+  consumed, required = _CONSUMED, _REQUIRED
+  task_class_prefix = "DebertaV2"
 
-  def task_hf(self, cfg, task):
-    """DebertaV2For{SequenceClassification, TokenClassification, QuestionAnswering}; the
-    sequence head's dense is the ContextPooler's (`pooler.dense`)."""
-    return {"sequence": tasks.TaskHF("DebertaV2ForSequenceClassification",
-                                     {"dense": "pooler.dense", "out": "classifier"}),
-            "token": tasks.TaskHF("DebertaV2ForTokenClassification", {"out": "classifier"}),
-            "qa": tasks.TaskHF("DebertaV2ForQuestionAnswering", {"out": "qa_outputs"})}[task]
+  def defaults(self):
+    return deberta_family.defaults()
 
   def base_prefix(self, hf):
     return "deberta"
@@ -75,18 +71,16 @@ class DebertaMapping(Mapping):
         raise ValueError(f"config.json sets {key} != {want}; encoder-zoo supports only "
                          f"{key}={want} for DeBERTa")
     hf.pop("pooler_dropout", None)  # a training-time dropout of the (absent) pooler
-    refuse_unknown(hf, _CONSUMED, _REQUIRED)
-    m = deberta_family.defaults()
-    for key in _CONSUMED:
-      m[key] = hf.get(key, _HF_DEFAULTS.get(key, m.get(key)))
+    m = self.config_start(hf, heads)
+    for key, value in _HF_DEFAULTS.items():  # absent means transformers' default, not ours
+      if key not in hf:
+        m[key] = value
     m.embedding_size = hf.get("embedding_size", hf["hidden_size"])
     m.pos_att_type = _pos_att_type(m.pos_att_type)
     m.norm_rel_ebd = "layer_norm" if "layer_norm" in str(m.norm_rel_ebd).lower() else "none"
     m.hidden_dropout_prob = hf.get("hidden_dropout_prob", 0.1)
     m.attention_probs_dropout_prob = hf.get("attention_probs_dropout_prob", 0.1)
     m.initializer_range = hf.get("initializer_range", 0.02)
-    m.variant = ""
-    m.heads = tuple(heads)
     if "mlm" in heads and not m.legacy and m.embedding_size != m.hidden_size:
       raise ValueError("DeBERTa's non-legacy MLM head needs embedding_size == hidden_size")
     deberta_family.validate(m)
@@ -169,11 +163,7 @@ class DebertaV1Mapping(DebertaMapping):
       "DebertaModel": ("", ()),
       "DebertaForMaskedLM": ("deberta", ("mlm",)),
   }
-
-  def task_hf(self, cfg, task):
-    """Deberta{SequenceClassification, TokenClassification, QuestionAnswering}."""
-    v2 = super().task_hf(cfg, task)
-    return tasks.TaskHF(v2.architecture.replace("DebertaV2", "Deberta"), v2.modules)
+  task_class_prefix = "Deberta"
 
   def config_from_hf(self, hf, heads):
     hf = dict(hf)

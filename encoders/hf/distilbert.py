@@ -8,9 +8,8 @@ import (an error if it differs) and written on export.
 import numpy as np
 
 from encoders import distilbert as distilbert_family
-from encoders import tasks
-from encoders.hf import (Mapping, PerLayer, Rule, layer_indices, refuse_unknown,
-                         register_mapping)
+from encoders.hf.mapping import Mapping, register_mapping
+from encoders.hf.rules import PerLayer, Rule, layer_indices
 
 # HF name -> ours
 _RENAMED = {"vocab_size": "vocab_size", "dim": "hidden_size", "n_layers": "num_hidden_layers",
@@ -65,22 +64,18 @@ class DistilBertMapping(Mapping):
   }
   tied = {"vocab_projector.weight": "embeddings.word_embeddings.weight"}
   ignorable = ("embeddings.position_ids",)
+  renamed, handled, required = _RENAMED, _OTHER, _REQUIRED
+  task_class_prefix = "DistilBert"
+
+  def defaults(self):
+    return distilbert_family.defaults()
 
   def config_from_hf(self, hf, heads):
-    refuse_unknown(hf, tuple(_RENAMED) + _OTHER, _REQUIRED)
-    m = distilbert_family.defaults()
-    for theirs, ours in _RENAMED.items():
-      if theirs in hf:
-        m[ours] = hf[theirs]
-    if m.hidden_size % m.num_attention_heads:
-      raise ValueError(f"dim={m.hidden_size} must be a multiple of n_heads="
-                       f"{m.num_attention_heads}")
+    m = self.config_start(hf, heads)
     m.sinusoidal_pos_embds = bool(m.sinusoidal_pos_embds)
     m.hidden_dropout_prob = hf.get("dropout", 0.1)
     m.attention_probs_dropout_prob = hf.get("attention_dropout", 0.1)
     m.initializer_range = hf.get("initializer_range", 0.02)
-    m.variant = ""
-    m.heads = tuple(heads)
     return m
 
   def config_to_hf(self, cfg):
@@ -116,11 +111,3 @@ class DistilBertMapping(Mapping):
             Rule("mlm/norm/bias", "vocab_layer_norm.bias", base=False),
             Rule("mlm/bias", "vocab_projector.bias", base=False, vocab=True)]
     return r
-
-  def task_hf(self, cfg, task):
-    """DistilBertFor{SequenceClassification, TokenClassification, QuestionAnswering}:
-    the sequence head is pre_classifier (dense, ReLU) + classifier."""
-    return {"sequence": tasks.TaskHF("DistilBertForSequenceClassification",
-                                     {"dense": "pre_classifier", "out": "classifier"}),
-            "token": tasks.TaskHF("DistilBertForTokenClassification", {"out": "classifier"}),
-            "qa": tasks.TaskHF("DistilBertForQuestionAnswering", {"out": "qa_outputs"})}[task]

@@ -1,16 +1,9 @@
 """ELECTRA <-> Hugging Face (ElectraModel, ElectraForMaskedLM = the generator,
 ElectraForPreTraining = the discriminator)."""
 from encoders import electra as electra_family
-from encoders import tasks
-from encoders.hf import (
-  Mapping,
-  PerLayer,
-  Rule,
-  layer_indices,
-  refuse_unknown,
-  register_mapping,
-)
 from encoders.hf.bert import BERT_LAYER, post_ln_layer_rules
+from encoders.hf.mapping import Mapping, register_mapping
+from encoders.hf.rules import PerLayer, Rule, layer_indices
 
 _CONSUMED = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers",
              "num_attention_heads", "intermediate_size", "hidden_act",
@@ -33,20 +26,17 @@ class ElectraMapping(Mapping):
   }
   tied = {"generator_lm_head.weight": "embeddings.word_embeddings.weight"}
   ignorable = ("embeddings.position_ids", "embeddings.token_type_ids")
+  consumed, handled, required = _CONSUMED, tuple(_SUMMARY), _REQUIRED
+  task_class_prefix = "Electra"
+
+  def defaults(self):
+    return electra_family.defaults()
 
   def config_from_hf(self, hf, heads):
-    refuse_unknown(hf, _CONSUMED + tuple(_SUMMARY), _REQUIRED)
-    if hf["hidden_size"] % hf["num_attention_heads"]:
-      raise ValueError("hidden_size must be a multiple of num_attention_heads")
-    m = electra_family.defaults()
-    for key in _CONSUMED:
-      if key in hf:
-        m[key] = hf[key]
+    m = self.config_start(hf, heads)
     m.hidden_dropout_prob = hf.get("hidden_dropout_prob", 0.1)
     m.attention_probs_dropout_prob = hf.get("attention_probs_dropout_prob", 0.1)
     m.initializer_range = hf.get("initializer_range", 0.02)
-    m.variant = ""
-    m.heads = tuple(heads)
     return m
 
   def config_to_hf(self, cfg):
@@ -67,16 +57,6 @@ class ElectraMapping(Mapping):
     arch = ("ElectraForPreTraining" if "rtd" in heads else
             "ElectraForMaskedLM" if "mlm" in heads else "ElectraModel")
     return hf, arch
-
-  def task_hf(self, cfg, task):
-    """ElectraFor{SequenceClassification (classifier.dense + classifier.out_proj),
-    TokenClassification, QuestionAnswering}."""
-    if task == "sequence":
-      return tasks.TaskHF("ElectraForSequenceClassification",
-                          {"dense": "classifier.dense", "out": "classifier.out_proj"})
-    if task == "token":
-      return tasks.TaskHF("ElectraForTokenClassification", {"out": "classifier"})
-    return tasks.TaskHF("ElectraForQuestionAnswering", {"out": "qa_outputs"})
 
   def rules(self, cfg):
     layer = post_ln_layer_rules(cfg, "encoder/layer_{i}", "encoder.layer.{i}", BERT_LAYER)

@@ -6,8 +6,8 @@ biases exist only when the config turns them on (`attention_bias`, `mlp_bias`,
 `norm_bias`, `classifier_bias`, `decoder_bias`), and the rules follow it.
 """
 from encoders import modernbert as mb
-from encoders import tasks
-from encoders.hf import Mapping, PerLayer, Rule, refuse_unknown, register_mapping
+from encoders.hf.mapping import Mapping, register_mapping
+from encoders.hf.rules import PerLayer, Rule
 
 _CONSUMED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads", "hidden_activation", "max_position_embeddings",
@@ -70,22 +70,21 @@ class ModernBertMapping(Mapping):
       "ModernBertForMaskedLM": ("model", ("mlm",)),
   }
   tied = {"decoder.weight": "embeddings.tok_embeddings.weight"}
+  consumed, handled, required = _CONSUMED, _HANDLED, _REQUIRED
+  task_class_prefix = "ModernBert"
+
+  def defaults(self):
+    return mb.defaults()
 
   def base_prefix(self, hf):
     return "model"
 
   def config_from_hf(self, hf, heads):
-    refuse_unknown(hf, _CONSUMED + _HANDLED, _REQUIRED)
+    m = self.config_start(hf, heads)
     if hf.get("is_encoder_decoder"):
       raise ValueError("config.json sets is_encoder_decoder=True; ModernBERT is an encoder")
-    m = mb.defaults()
-    for key in _CONSUMED:
-      if key in hf:
-        m[key] = hf[key]
     m.global_attn_every_n_layers = _every_n(hf)
     m.global_rope_theta, m.local_rope_theta = _thetas(hf)
-    m.variant = ""
-    m.heads = tuple(heads)
     mb.validate(m)
     return m
 
@@ -104,14 +103,6 @@ class ModernBertMapping(Mapping):
       hf[key] = default if default < cfg.vocab_size else None
     arch = "ModernBertForMaskedLM" if "mlm" in cfg.heads else "ModernBertModel"
     return hf, arch
-
-  def task_hf(self, cfg, task):
-    """ModernBertFor{SequenceClassification, TokenClassification, QuestionAnswering}: the
-    prediction head `head.dense` / `head.norm`, then `classifier`."""
-    arch = {"sequence": "ModernBertForSequenceClassification",
-            "token": "ModernBertForTokenClassification",
-            "qa": "ModernBertForQuestionAnswering"}[task]
-    return tasks.TaskHF(arch, {"dense": "head.dense", "norm": "head.norm", "out": "classifier"})
 
   def rules(self, cfg):
     d, h = cfg.hidden_size, cfg.num_attention_heads

@@ -32,10 +32,19 @@ import math
 import os
 from typing import Optional, Sequence, Tuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import ml_dtypes
 import numpy as np
+from flax import traverse_util
+
+from encoders import base, layers
+from encoders.hf import rules as rules_lib
+from encoders.hf.mapping import architecture, family_hook, hf_config, mapping_for
+from encoders.hf.rules import expand, import_rule
+from encoders.sharding_rules import DEFAULT_RULES, rules_tuple
 
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
            "BF16": ml_dtypes.bfloat16, "I64": np.int64, "I32": np.int32, "I16": np.int16,
@@ -147,7 +156,7 @@ def read_header(name: str):
   return entries, data
 
 
-def _is_float(dtype) -> bool:
+def is_float(dtype) -> bool:
   return dtype.kind == "f" or dtype == ml_dtypes.bfloat16
 
 
@@ -196,7 +205,7 @@ class Tensors:
   def read(self, key: str, index=None) -> np.ndarray:
     """Float tensor `key` (or its part `index`) as float32, checked (class docstring)."""
     name, dtype, shape, _ = self.entries[key]
-    if not _is_float(dtype):
+    if not is_float(dtype):
       raise ValueError(f"{name}: tensor {key!r} is stored as {dtype.name}, but every "
                        "encoder-zoo param is floating point; refusing to convert integers "
                        "into weights (a corrupt or mislabelled file)")
@@ -213,7 +222,7 @@ class Tensors:
   def read_raw(self, key: str, index=None) -> np.ndarray:
     """Tensor `key` (or its part `index`) as stored, floats as float32; unchecked."""
     name, dtype, shape, offset = self.entries[key]
-    out_dtype = np.float32 if _is_float(dtype) else dtype
+    out_dtype = np.float32 if is_float(dtype) else dtype
     if math.prod(shape) == 0:
       value = np.zeros(shape, out_dtype)
       return value if index is None else value[index]
@@ -296,7 +305,6 @@ def _shard(rule, tensors, ours, index, cfg) -> Optional[np.ndarray]:
 
 def _check_plain(rule, tensors, shapes, cfg):
   """The checks `rules.import_rule` makes for a plain rule, without reading data."""
-  from encoders.hf import rules as rules_lib
   path = rule.our_paths[0]
   ours = rules_lib._our_shape(rule, path, shapes)
   want = rules_lib.hf_shape(rule.kind, ours, rule.n_in, rule.shape is not None)
@@ -360,18 +368,14 @@ def _flat_shardings(tree):
 
 
 def _rule_shardings(boxed, mesh, rules):
-  import flax.linen as nn
-  from encoders.hf import _flatten
-  from encoders.sharding_rules import DEFAULT_RULES, rules_tuple
   specs = nn.get_partition_spec(boxed)
-  return _flatten(nn.logical_to_mesh_sharding(
-      specs, mesh, rules_tuple(DEFAULT_RULES if rules is None else rules)))
+  return traverse_util.flatten_dict(nn.logical_to_mesh_sharding(
+      specs, mesh, rules_tuple(DEFAULT_RULES if rules is None else rules)), sep="/")
 
 
 def _import_tensors(path, tensors, mapping, hf, arch, cfg, expected, shapes, place_at,
                     dtype_of):
   """The HF tensors through the mapping's rules -> {our path: placed jax.Array}."""
-  from encoders.hf import expand, import_rule
   tensors.strip_prefix(mapping.base_prefix(hf))
   flat, used = {}, set()
   try:
@@ -426,13 +430,13 @@ def _restore_orbax(path, expected, place_at, dtype_of, vocab_size):
   """Our params from the Orbax item, restored straight onto their shardings (Orbax reads
   each process's slices). Stored unscanned, float32 and without vocabulary padding, as
   `launch.convert` writes; padding rows (vocab_pad_multiple) are added here as zeros."""
-  import orbax.checkpoint as ocp
-  from encoders.hf import _flatten, _set
+  import orbax.checkpoint as ocp  # slow to import; only converted directories need it
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   item = os.path.join(os.path.abspath(path), ORBAX_PARAMS)
   with ocp.StandardCheckpointer() as ckpt:
     stored = {k: tuple(v.shape) for k, v in
-              _flatten(ckpt.metadata(item).item_metadata.tree).items()}
+              traverse_util.flatten_dict(ckpt.metadata(item).item_metadata.tree,
+                                         sep="/").items()}
     padded = {k for k, v in expected.items() if k in stored and len(v.shape) >= 1
               and stored[k] == (vocab_size,) + tuple(v.shape[1:]) and v.shape[0] > vocab_size}
     missing = sorted(set(expected) - set(stored))
@@ -444,13 +448,14 @@ def _restore_orbax(path, expected, place_at, dtype_of, vocab_size):
                        f" (missing {missing[:10]}, unexpected {extra[:10]}, mis-shaped "
                        f"{wrong[:10]})")
     target = {}
-    for key, spec in expected.items():
+    for key in expected:
       where = place_at.get(key, device)
       if key in padded:  # restored whole (replicated), padded below onto its sharding
         where = jax.sharding.NamedSharding(where.mesh, jax.sharding.PartitionSpec()) if (
             isinstance(where, jax.sharding.NamedSharding)) else device
-      _set(target, key, jax.ShapeDtypeStruct(stored[key], dtype_of(key), sharding=where))
-    flat = _flatten(ckpt.restore(item, target))
+      target[key] = jax.ShapeDtypeStruct(stored[key], dtype_of(key), sharding=where)
+    flat = traverse_util.flatten_dict(
+        ckpt.restore(item, traverse_util.unflatten_dict(target, sep="/")), sep="/")
   for key in padded:
     rows = expected[key].shape[0] - vocab_size
     pad = lambda x, rows=rows: jnp.pad(x, [(0, rows)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
@@ -474,11 +479,10 @@ def config(path: str, heads: Optional[Sequence[str]] = None, *, allow_nonfinite=
            **overrides):
   """The model config of an HF directory (no tensor data is read; the safetensors headers
   are checked). -> (cfg, mapping, architecture, hf config dict, Tensors)."""
-  from encoders import hf as hf_lib
-  hf = hf_lib.hf_config(path)
-  mapping = hf_lib._mapping_for(hf.get("model_type"))
+  hf = hf_config(path)
+  mapping = mapping_for(hf.get("model_type"))
   tensors = None if is_orbax_dir(path) else Tensors(path, allow_nonfinite)
-  arch = hf_lib._architecture(mapping, hf, tensors)
+  arch = architecture(mapping, hf)
   _, arch_heads = mapping.architectures[arch]
   cfg = mapping.config_from_hf(hf, tuple(heads) if heads is not None else arch_heads)
   for key, value in overrides.items():
@@ -489,13 +493,9 @@ def config(path: str, heads: Optional[Sequence[str]] = None, *, allow_nonfinite=
 def load(path: str, heads: Optional[Sequence[str]] = None, *, mesh=None, rules=None,
          shardings=None, param_dtype=None, allow_nonfinite=False, **overrides):
   """-> (model, params): see the module docstring and `encoders.from_hf`."""
-  import encoders
-  import ml_collections
-  from encoders import layers
-  from encoders.hf import _family_hook, _flatten, _set
   cfg, mapping, arch, hf, tensors = config(path, heads, allow_nonfinite=allow_nonfinite,
                                            **overrides)
-  model = encoders.build(cfg)
+  model = base.build(cfg)
   final_shardings = _flat_shardings(shardings)
   if mesh is None and final_shardings:
     mesh = next(iter(final_shardings.values())).mesh
@@ -504,10 +504,9 @@ def load(path: str, heads: Optional[Sequence[str]] = None, *, mesh=None, rules=N
   if scan:  # rules name layers unscanned; stacked at the end
     flat_cfg = ml_collections.ConfigDict(cfg.to_dict())
     flat_cfg.scan_layers = False
-    flat_model = encoders.build(flat_cfg)
+    flat_model = base.build(flat_cfg)
   boxed = _boxed(flat_model)
-  import flax.linen as nn
-  expected = _flatten(nn.unbox(boxed))
+  expected = traverse_util.flatten_dict(nn.unbox(boxed), sep="/")
   shapes = {k: tuple(v.shape) for k, v in expected.items()}
   place_at = {}
   if mesh is not None:
@@ -525,20 +524,16 @@ def load(path: str, heads: Optional[Sequence[str]] = None, *, mesh=None, rules=N
   else:
     flat = _import_tensors(path, tensors, mapping, hf, arch, cfg, expected, shapes, place_at,
                            dtype_of)
-  params = {}
-  for key in expected:
-    _set(params, key, flat.pop(key))
+  params = traverse_util.unflatten_dict({key: flat.pop(key) for key in expected}, sep="/")
   if scan:
-    stack = _family_hook(cfg, "scan_params", lambda c, p: layers.stack_layer_params(
+    stack = family_hook(cfg, "scan_params", lambda c, p: layers.stack_layer_params(
         p, c.num_hidden_layers))
     if mesh is None:
       params = stack(cfg, params)
     else:
       out = _rule_shardings(_boxed(model), mesh, rules)
       out.update({k: v for k, v in final_shardings.items() if k in out})
-      tree = {}
-      for key, s in out.items():
-        _set(tree, key, s)
+      tree = traverse_util.unflatten_dict(out, sep="/")
       params = jax.jit(lambda p: stack(cfg, p), out_shardings=tree)(params)
   return model, params
 

@@ -35,6 +35,8 @@ from collections.abc import Iterator, Sequence
 
 from etils import epath
 
+from encoders.tasks.data import InputDataError  # noqa: F401  (the task readers' error)
+
 POLICIES = ("skip", "error")
 KINDS = ("non_utf8", "binary", "empty", "too_long", "bad_json", "corrupt_file",
          "corrupt_shard", "corrupt_record")
@@ -46,11 +48,6 @@ _CONTROL = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x9f]")
 WARN_FIRST = 5  # warnings logged per kind; the rest are only counted
 _BLANK_LINES = re.compile(rb"\n[ \t\r\f\v]*\n")
 log = logging.getLogger(__name__)
-
-
-class InputDataError(ValueError):
-  """The input data cannot train this run (named: the file, the setting, the count). The
-  entry points print it as one line (exit 1) instead of a traceback."""
 
 
 class BadDataError(InputDataError):

@@ -35,7 +35,7 @@ def _archs():
   registered mappings support, the one with an MLM head where there is one."""
   import transformers as T
   found = {}
-  for mapping in {id(m): m for m in hf_lib._MAPPINGS.values()}.values():
+  for mapping in {id(m): m for m in map(hf_lib.mapping_for, hf_lib.model_types())}.values():
     for arch in mapping.architectures:
       cls = getattr(T, arch, None)
       if cls is None:

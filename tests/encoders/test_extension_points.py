@@ -10,6 +10,7 @@ import pytest
 
 import encoders
 from encoders import base, hf, layers
+from encoders.hf import mapping as hf_mapping
 
 
 def test_new_family_and_mapping_register_without_editing_shared_files(tmp_path):
@@ -62,4 +63,4 @@ def test_new_family_and_mapping_register_without_editing_shared_files(tmp_path):
       model.apply({"params": params}, jnp.array([[11]]))
   finally:
     base._FAMILIES.pop("toy", None)
-    hf._MAPPINGS.pop("toy", None)
+    hf_mapping._MAPPINGS.pop("toy", None)

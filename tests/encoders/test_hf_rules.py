@@ -14,6 +14,7 @@ from safetensors.numpy import load_file, save_file
 import encoders
 from encoders import base, hf
 from encoders.hf import PerLayer, Rule
+from encoders.hf import mapping as hf_mapping
 from encoders.hf.rules import expand, export_rule, import_rule
 
 D, H, K, F = 6, 2, 3, 5
@@ -240,7 +241,7 @@ def toy_family():
     yield
   finally:
     base._FAMILIES.pop("toyfused", None)
-    hf._MAPPINGS.pop("toyfused", None)
+    hf_mapping._MAPPINGS.pop("toyfused", None)
 
 
 def test_fused_qkv_and_computed_table_round_trip_through_files(toy_family, tmp_path):

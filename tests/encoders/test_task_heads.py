@@ -3,9 +3,9 @@ parity on padded batches (1e-4), exports that load with no missing or unexpected
 with id2label kept, and invariance of every head to extra padding (1e-5).
 
 Parametrized over every HF model type the zoo maps (encoders.hf), so a family that lands
-later is tested here without editing this file; a family that has not declared its task
-heads (encoders/tasks.py's docstring) FAILS these tests with that message. A family whose
-tiny HF config needs more than the common sizes adds an entry to EXTRA.
+later is tested here without editing this file; a family that has not declared its head
+kinds (encoders/tasks/base.py's docstring) FAILS these tests with that message. A family
+whose tiny HF config needs more than the common sizes adds an entry to EXTRA.
 """
 import jax
 import jax.numpy as jnp
@@ -20,7 +20,8 @@ from encoders import hf as ehf
 from encoders.hf import tasks as tasks_hf
 from tests.encoders import hf_helpers as H
 
-MODEL_TYPES = sorted(ehf._MAPPINGS)
+MODEL_TYPES = ehf.model_types()
+TASKS = ("sequence", "token", "qa")  # the tasks with a transformers Auto class
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=37, max_position_embeddings=160)
 # Per HF model type: what its tiny config needs beyond TINY (ALBERT: E != H, two groups of
@@ -49,7 +50,7 @@ ATOL = 1e-4
 
 def _family_of(model_type):
   hf = _hf_config(model_type, "qa").to_diff_dict()
-  return ehf._MAPPINGS[model_type].config_from_hf(hf, ()).family
+  return ehf.mapping_for(model_type).config_from_hf(hf, ()).family
 
 
 def _hf_config(model_type, task, **overrides):
@@ -111,7 +112,7 @@ def _ours(model, params, ids, mask, types, extra_pad=0):
   res = {"embedding": np.asarray(tasks.mean_pool(out.last_hidden_state, jnp.asarray(mask)))}
   if out.logits is not None:
     logits = np.asarray(out.logits)
-    res["logits"] = logits if model.task == "sequence" else logits[:, :t]
+    res["logits"] = logits[:, :t] if tasks.get(model.task).per_token else logits
   if out.pooled is not None:
     res["pooled"] = np.asarray(out.pooled)
   for name in ("start_logits", "end_logits"):
@@ -133,7 +134,8 @@ def _assert_parity(ours, ref, mask, task):
 
 
 def test_every_registered_family_has_an_hf_mapping_with_task_heads():
-  """Fails, naming what to add, for a registered family without task declarations."""
+  """Fails, naming what to add, for a registered family without head declarations; every
+  head kind a family declares gives each registered task of that kind an HF class."""
   families = {}
   for mt in MODEL_TYPES:
     families.setdefault(_family_of(mt), []).append(mt)
@@ -142,16 +144,17 @@ def test_every_registered_family_has_an_hf_mapping_with_task_heads():
   for name in sorted(base._FAMILIES):
     cfg = encoders.family_defaults(name)
     try:
-      heads = tasks.family_heads(cfg)
-      for task in tasks.TASKS:
-        if getattr(heads, task) is not None:
-          for mt in families[name]:
-            assert tasks_hf.task_hf(ehf._MAPPINGS[mt], cfg, task) is not None
+      kinds = tasks.family_heads(cfg)
     except ValueError as e:
       pytest.fail(str(e))
+    assert set(kinds) == set(tasks.HEAD_KINDS), (name, sorted(kinds))
+    for task in tasks.registered():
+      for mt in families[name]:
+        arch = ehf.mapping_for(mt).task_architecture(cfg, task)
+        assert (arch is not None) == (task.hf_suffix is not None), (name, mt, task.name)
 
 
-@pytest.mark.parametrize("task", tasks.TASKS)
+@pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_parity_with_transformers_task_models(model_type, task, saved):
   hf, path = saved(model_type, task)
@@ -163,7 +166,7 @@ def test_parity_with_transformers_task_models(model_type, task, saved):
                  mask, task)
 
 
-@pytest.mark.parametrize("task", tasks.TASKS)
+@pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_export_loads_in_transformers_with_labels(model_type, task, saved, tmp_path):
   hf, path = saved(model_type, task)
@@ -180,7 +183,7 @@ def test_export_loads_in_transformers_with_labels(model_type, task, saved, tmp_p
     np.testing.assert_allclose(got[name], ref[name], atol=1e-6)
 
 
-@pytest.mark.parametrize("task", tasks.TASKS)
+@pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_padding_invariance(model_type, task, saved):
   """0, 10 and 100 extra padding tokens: the same pooled outputs, logits and embeddings."""
@@ -256,7 +259,8 @@ def test_sequence_regression_and_scanned_layers_round_trip(tmp_path):
   ref = _hf_outputs(hf, ids, mask, types)
   for scan in (False, True):
     model, params = tasks_hf.from_hf(str(tmp_path / "src"), scan_layers=scan)
-    assert model.num_labels == 1 and ("layers" in params["encoder"]) == scan
+    assert model.task == "regression" and model.num_labels == 1
+    assert ("layers" in params["encoder"]) == scan
     _assert_parity(_ours(model, params, ids, mask, types), ref, mask, "sequence")
     tasks_hf.to_hf(model, params, str(tmp_path / f"out{scan}"))
     loaded = T.AutoModelForSequenceClassification.from_pretrained(str(tmp_path / f"out{scan}"))
@@ -280,7 +284,7 @@ def test_undeclared_family_fails_with_a_pointer_to_the_docs():
   try:
     cfg = encoders.family_defaults("bert")
     cfg.family = "_undeclared_test"
-    with pytest.raises(ValueError, match="has not declared task heads.*encoders/tasks.py"):
+    with pytest.raises(ValueError, match="has not declared task heads.*encoders/tasks/base.py"):
       tasks.build(cfg, "sequence")
   finally:
     del base._FAMILIES["_undeclared_test"]
@@ -305,20 +309,6 @@ def test_embed_is_unit_masked_mean_of_the_last_hidden_state(saved):
   unit = np.asarray(tasks.embed(model, params, *args))
   np.testing.assert_allclose(unit, want / np.linalg.norm(want, axis=1, keepdims=True),
                              atol=1e-6)
-
-
-def test_with_pretrained_keeps_the_head_and_reports_what_was_left(saved):
-  _, path = saved("bert", "sequence")
-  model, params = tasks_hf.from_hf(path)
-  fresh = jax.tree.map(lambda x: x + 1.0, params)
-  pretrained = {k: v for k, v in params.items() if k not in ("sequence_head", "pooler")}
-  merged, left = tasks.with_pretrained(fresh, pretrained)
-  assert set(left) == {"pooler/dense/kernel", "pooler/dense/bias", "sequence_head/out/kernel",
-                       "sequence_head/out/bias"}
-  np.testing.assert_array_equal(merged["embeddings"]["word_embeddings"]["embedding"],
-                                params["embeddings"]["word_embeddings"]["embedding"])
-  np.testing.assert_array_equal(merged["sequence_head"]["out"]["kernel"],
-                                fresh["sequence_head"]["out"]["kernel"])
 
 
 def test_encoder_loader_points_task_dirs_at_the_task_loader(saved):
