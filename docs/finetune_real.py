@@ -96,7 +96,7 @@ def run_trainer(path, task, args, seed, workdir):
   import torch
   import transformers as T
   from launch.data import finetune_data as fd
-  from objectives import task_metrics as tm
+  from encoders.tasks import metrics as tm
   tok = fd.load_tokenizer(args.model)
   if task == "sequence":
     rows = fd.read_table(path)

@@ -32,6 +32,7 @@ from ml_collections import config_flags
 
 import objectives
 from encoders import outdir
+from encoders.tasks import metrics as tm
 from launch import cli
 from launch.data import badinput
 from launch.data import finetune_data as fd
@@ -42,7 +43,6 @@ from launch.trainer import hostmem
 from launch.trainer import loop
 from launch.trainer import sharding as shard_lib
 from objectives import finetune as ft_objective  # noqa: F401  (registers "finetune")
-from objectives import task_metrics as tm
 
 log = logging.getLogger("encoder_zoo")
 WRITER = "launch.finetune"  # the work directory's and its exports' marker

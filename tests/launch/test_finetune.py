@@ -11,7 +11,7 @@ import transformers as T
 from configs import finetune as finetune_configs
 from launch import finetune
 from launch.data import finetune_data as fd
-from objectives import task_metrics as tm
+from encoders.tasks import metrics as tm
 from tests.launch import finetune_helpers as fh
 
 
