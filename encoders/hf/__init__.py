@@ -1,9 +1,10 @@
 """Hugging Face interop: read and write `config.json` + safetensors directories.
 
-Each family registers a `Mapping` (encoders/hf/<family>.py): HF config <-> ours, and a
-declarative tensor table. This package does the rest for every family: file reading
-(single or sharded safetensors, never pickle), key prefixes, tied weights, per-layer
-expansion, and errors that name any missing, unexpected or mis-shaped tensor.
+Each family registers a `Mapping` (encoders/hf/<family>.py on mapping.py's base): HF
+config <-> ours, and a declarative tensor table. This package does the rest for every
+family: file reading (stream.py: single or sharded safetensors, never pickle), writing
+(export.py), task models (tasks.py), key prefixes, tied weights, per-layer expansion, and
+errors that name any missing, unexpected or mis-shaped tensor.
 
 A table (`Mapping.rules(cfg)`) is a list of `Rule`s and `PerLayer` templates; one expander
 (`rules.expand`) fills the templates' "{name}" placeholders from each index dict and
@@ -61,14 +62,13 @@ import numpy as np
 
 from encoders import outdir
 from encoders.hf import stream
-from encoders.hf.export import (HF_EXPORT, REPLACEABLE, check_export_target,  # noqa: F401
-                                is_model_dir, to_hf, write_export)
-from encoders.hf.mapping import (GENERIC_KEYS, Mapping, family_hook, hf_config,  # noqa: F401
-                                 mapping_for, model_types, refuse_unknown,
-                                 register_mapping)
+from encoders.hf.export import (HF_EXPORT, REPLACEABLE, check_export_target, is_model_dir,
+                                to_hf, write_export)
+from encoders.hf.mapping import (GENERIC_KEYS, Mapping, family_hook, hf_config, mapping_for,
+                                 model_types, refuse_unknown, register_mapping)
 from encoders.hf.mapping import _MAPPINGS  # noqa: F401  (objectives/rtd.py, until mapping_for)
-from encoders.hf.rules import (KINDS, PerLayer, Rule, Table, expand, export_rule,  # noqa: F401
-                               import_rule, layer_indices)
+from encoders.hf.rules import (KINDS, PerLayer, Rule, Table, expand, export_rule, import_rule,
+                               layer_indices)
 
 
 def read_safetensors(path: str, allow_nonfinite: bool = False) -> Dict[str, np.ndarray]:
@@ -101,6 +101,12 @@ def from_hf(path: str, heads: Optional[Sequence[str]] = None, *, mesh=None, rule
 
 
 _modes_from_umask = outdir.modes_from_umask  # the former private name
+
+__all__ = ["GENERIC_KEYS", "HF_EXPORT", "KINDS", "REPLACEABLE", "Mapping", "PerLayer", "Rule",
+           "Table", "check_export_target", "expand", "export_rule", "family_hook",
+           "from_hf", "hf_config", "import_rule", "is_model_dir", "layer_indices",
+           "mapping_for", "model_types", "read_safetensors", "refuse_unknown",
+           "register_mapping", "to_hf", "write_export"]
 
 # Modules of this package that are not family mappings; each other module is one family's
 # mapping and registers itself, so a new family adds a file here and edits nothing.

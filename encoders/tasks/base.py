@@ -271,9 +271,9 @@ class Task:
     (`output_fields`, numpy) and `info` ({"rows": eval rows, ...encode's info})."""
     raise NotImplementedError
 
-  def report(self, metrics: Dict, labels, path_prefix: str, title: str = "") -> List[str]:
-    """Files beyond predictions.jsonl that show the best epoch (a confusion matrix);
-    returns their paths."""
+  def report(self, metrics: Dict, labels, directory: str, title: str = "") -> List[str]:
+    """Files beyond predictions.jsonl that show the best epoch's `metrics` (a confusion
+    matrix), written into `directory`; returns their paths."""
     return []
 
   # ---- training -------------------------------------------------------------------------

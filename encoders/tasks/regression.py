@@ -65,7 +65,7 @@ class Regression(SequenceClassification):
     return metrics.regression(gold, pred), [{"label": float(g), "prediction": float(p)}
                                             for g, p in zip(gold, pred)]
 
-  def report(self, result, labels, path_prefix, title=""):
+  def report(self, result, labels, directory, title=""):
     return []
 
   def loss(self, out, batch):

@@ -301,10 +301,10 @@ class SequenceClassification(Task):
     return result, [{"text": r["text"][:200], "label": str(r["label"]),
                      "prediction": labels[p]} for r, p in zip(rows, pred)]
 
-  def report(self, result, labels, path_prefix, title=""):
+  def report(self, result, labels, directory, title=""):
     if "confusion" not in result:
       return []
-    path = f"{path_prefix}confusion_matrix.png"
+    path = os.path.join(directory, "confusion_matrix.png")
     return [metrics.plot_confusion(np.asarray(result["confusion"]), labels, path, title)]
 
   def baselines(self, train_batches, eval_items):

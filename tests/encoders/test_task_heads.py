@@ -7,7 +7,6 @@ later is tested here without editing this file; a family that has not declared i
 kinds (encoders/tasks/base.py's docstring) FAILS these tests with that message. A family
 whose tiny HF config needs more than the common sizes adds an entry to EXTRA.
 """
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
