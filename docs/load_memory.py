@@ -35,16 +35,18 @@ def make_checkpoint(path, layers=24):
   import numpy as np
   from safetensors.numpy import save_file
   import encoders
-  from encoders.hf import _MAPPINGS, expand, export_rule
+  from flax import traverse_util
+  from encoders.hf import expand, export_rule, mapping_for
   if os.path.isfile(os.path.join(path, "model.safetensors")):
     return
   os.makedirs(path, exist_ok=True)
   hf = dict(LARGE, num_hidden_layers=layers, model_type="bert", architectures=["BertModel"])
-  mapping = _MAPPINGS["bert"]
+  mapping = mapping_for("bert")
   cfg = mapping.config_from_hf(hf, ("pooler",))
   import jax
-  shapes = {k: v.shape for k, v in encoders.hf._flatten(jax.eval_shape(
-      lambda: encoders.init_params(encoders.build(cfg), jax.random.PRNGKey(0)))).items()}
+  shapes = {k: v.shape for k, v in traverse_util.flatten_dict(jax.eval_shape(
+      lambda: encoders.init_params(encoders.build(cfg), jax.random.PRNGKey(0))),
+      sep="/").items()}
   rng = np.random.default_rng(0)
   tensors = {}
   for rule in expand(mapping.rules(cfg), cfg):
@@ -71,6 +73,7 @@ def measure(mode, path, mesh_shape):
   import numpy as np
   from jax.sharding import Mesh
   import encoders
+  from flax import traverse_util
   from encoders.hf import stream
   mesh = Mesh(np.asarray(jax.devices()).reshape(mesh_shape), ("data", "fsdp", "tensor"))
   cfg, mapping, _, hf, _ = stream.config(path)
@@ -78,7 +81,7 @@ def measure(mode, path, mesh_shape):
   boxed = stream._boxed(model)
   import flax.linen as nn
   shardings = stream._rule_shardings(boxed, mesh, None)
-  expected = encoders.hf._flatten(nn.unbox(boxed))
+  expected = traverse_util.flatten_dict(nn.unbox(boxed), sep="/")
   before = _peak_mb()
   t0 = time.perf_counter()
   if mode == "baseline":
@@ -86,10 +89,11 @@ def measure(mode, path, mesh_shape):
                             expected.items()}, out_shardings=shardings)()
   elif mode == "stream":
     _, params = encoders.from_hf(path, mesh=mesh)
-    flat = encoders.hf._flatten(params)
+    flat = traverse_util.flatten_dict(params, sep="/")
   elif mode == "old":
     from encoders.hf import expand, import_rule, read_safetensors
-    tensors = encoders.hf._strip_prefix(read_safetensors(path), mapping.base_prefix(hf))
+    prefix = mapping.base_prefix(hf) + "."
+    tensors = {k.removeprefix(prefix): v for k, v in read_safetensors(path).items()}
     shapes = {k: tuple(v.shape) for k, v in expected.items()}
     host = {}
     for rule in expand(mapping.rules(cfg), cfg):
