@@ -36,7 +36,7 @@ def defaults(variant: str = "base") -> ml_collections.ConfigDict:
   m.type_vocab_size = 0  # DistilBERT has no token types
   m.sinusoidal_pos_embds = False  # True: fixed sin/cos table, not a parameter
   m.heads = ("mlm",)  # subset of: mlm (DistilBERT has no pooler and no pair head)
-  m.seq_classif_dropout = 0.2  # task heads (encoders/tasks.py): sequence classifier
+  m.seq_classif_dropout = 0.2  # the pooled task head (encoders/tasks/): its dropout
   m.qa_dropout = 0.1  # and extractive QA dropout, HF's names
   del m["position_style"]
   return m

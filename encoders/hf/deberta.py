@@ -1,6 +1,6 @@
 """DeBERTa <-> Hugging Face: v2/v3 (model_type "deberta-v2": DebertaV2Model,
 DebertaV2ForMaskedLM) and v1 (model_type "deberta": DebertaModel, DebertaForMaskedLM);
-the task models of both through `task_hf`.
+the task models of both through `task_class_prefix` ("DebertaV2", "Deberta").
 
 v1 differs in its attention's tensors: one fused `in_proj` (3D, D) without bias, whose rows
 are per head its query, key and value rows side by side (a grouped split rule), the biases
