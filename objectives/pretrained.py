@@ -16,6 +16,10 @@ import logging
 import os
 
 import jax
+from flax import traverse_util
+
+import encoders
+from encoders.hf import stream
 
 log = logging.getLogger("encoder_zoo")
 
@@ -27,15 +31,12 @@ def _load(path: str, model_config, shardings=None):
   """(model, params) of the directory, with this run's execution settings, streamed from
   its safetensors straight onto `shardings` (a params tree; encoders/hf/stream.py). Not
   kept between `configure` and `load_into`: a resumed run never loads the weights."""
-  import encoders
   overrides = {k: model_config[k] for k in KEPT if k != "heads" and k in model_config}
   return encoders.from_hf(path, shardings=shardings, **overrides)
 
 
 def _model_config(path: str, model_config):
   """The directory's model config with this run's execution settings (no weights read)."""
-  import encoders
-  from encoders.hf import stream
   overrides = {k: model_config[k] for k in KEPT if k != "heads" and k in model_config}
   return encoders.build(stream.config(path, **overrides)[0]).config
 
@@ -77,34 +78,13 @@ def configure(config):
            config.model.get("hidden_size", 0), tok_file)
 
 
-def _flat(tree, prefix=()):
-  out = {}
-  for k, v in tree.items():
-    if isinstance(v, dict) or hasattr(v, "items"):
-      out.update(_flat(v, prefix + (k,)))
-    else:
-      out[prefix + (k,)] = v
-  return out
-
-
-def _set(tree, path, value):
-  for k in path[:-1]:
-    tree = tree[k]
-  tree[path[-1]] = value
-
-
-def _copy(tree):
-  return {k: _copy(v) if isinstance(v, dict) or hasattr(v, "items") else v
-          for k, v in tree.items()}
-
-
 def load_into(path: str, params, shardings, model_config):
   """`params` (a module's sharded params) with the directory's tensors in place.
   `model_config`: the run's model section (after `configure`)."""
   _, theirs = _load(path, model_config, shardings)
-  ours, flat_s = _flat(params), _flat(shardings)
-  flat_t = _flat(theirs)
-  out = _copy(params)
+  ours = traverse_util.flatten_dict(params)
+  flat_s, flat_t = traverse_util.flatten_dict(shardings), traverse_util.flatten_dict(theirs)
+  out = dict(ours)
   skipped = sorted("/".join(p) for p in flat_t if p not in ours)
   fresh = sorted("/".join(p) for p in ours if p not in flat_t)
   for p, value in flat_t.items():
@@ -115,8 +95,8 @@ def load_into(path: str, params, shardings, model_config):
       raise ValueError(f"init_from={path!r}: {'/'.join(p)} has shape {value.shape} in the "
                        f"checkpoint, {tuple(target.shape)} in the model")
     # Already on its sharding (streamed there); a no-op unless the dtype differs.
-    _set(out, p, jax.device_put(value.astype(target.dtype), flat_s[p]))
+    out[p] = jax.device_put(value.astype(target.dtype), flat_s[p])
   log.info("init_from %s: loaded %d tensors; fresh init for %d (%s); not used: %d (%s)",
            path, len(ours) - len(fresh), len(fresh), ", ".join(fresh[:8]), len(skipped),
            ", ".join(skipped[:8]))
-  return out
+  return traverse_util.unflatten_dict(out)

@@ -38,7 +38,9 @@ Metrics (sums; held-out means after `losses.finalize_metrics`):
 """
 import dataclasses
 import functools
+import json
 import os
+import types
 
 import flax.linen as nn
 import jax
@@ -46,9 +48,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from flax import traverse_util
+from safetensors.numpy import save_file
 
 import encoders
 from encoders import heads as heads_lib
+from encoders import hf as hf_lib
 from encoders import layers
 from objectives import losses, masking, spec
 from objectives import mlm as mlm_lib
@@ -117,36 +122,23 @@ def family_exports_rtd(family: str) -> bool:
   """Whether the family's HF mapping has a class with the "rtd" head (ELECTRA's
   ElectraForPreTraining); otherwise the discriminator exports as the family's base model
   plus `rtd_head.safetensors`."""
-  from encoders import hf as hf_lib
-  mapping = hf_lib._MAPPINGS.get(family)  # the lookup encoders.to_hf does
-  return mapping is not None and any("rtd" in h for _, h in mapping.architectures.values())
+  try:
+    mapping = hf_lib.mapping_for(family)  # the lookup encoders.to_hf does
+  except ValueError:  # a family without an HF mapping
+    return False
+  return any("rtd" in h for _, h in mapping.architectures.values())
 
 
-# ---------------------------------------------------------------------------- param trees
-
-def _flat(tree, prefix=()):
-  out = {}
-  for k, v in tree.items():
-    if isinstance(v, dict):
-      out.update(_flat(v, prefix + (k,)))
-    else:
-      out[prefix + (k,)] = v
-  return out
-
-
-def _unflat(flat):
-  out = {}
-  for path, v in flat.items():
-    node = out
-    for k in path[:-1]:
-      node = node.setdefault(k, {})
-    node[path[-1]] = v
-  return out
+def save_head(head_params, path: str) -> None:
+  """A head's params as one safetensors file (float32, keys joined by '/'): the heads a
+  family's HF classes have no place for (the RTD head, the copy gate)."""
+  save_file({k: np.asarray(jax.device_get(v), np.float32)
+             for k, v in traverse_util.flatten_dict(head_params, sep="/").items()}, path)
 
 
 def shared_paths(gen_shapes, disc_shapes):
   """The embedding tables both models have: paths embeddings/<x>_embeddings/embedding."""
-  g, d = _flat(gen_shapes), _flat(disc_shapes)
+  g, d = traverse_util.flatten_dict(gen_shapes), traverse_util.flatten_dict(disc_shapes)
   paths = sorted(p for p in d if len(p) == 3 and p[0] == "embeddings"
                  and p[1].endswith("_embeddings") and p[2] == "embedding")
   missing = [p for p in paths if p not in g]
@@ -246,7 +238,7 @@ class ReplacedTokenDetection(Objective):
     """Boxed params; with sharing, the discriminator's shared tables are absent (tied) or
     zero deltas (gdes)."""
     gen, disc = self._init_both(rng)
-    flat = _flat(disc)
+    flat = traverse_util.flatten_dict(disc)
     for p in self.shared:
       if self.sharing == "tied":
         del flat[p]
@@ -254,7 +246,7 @@ class ReplacedTokenDetection(Objective):
         leaf = flat[p]
         flat[p] = (leaf.replace_boxed(jnp.zeros_like(leaf.unbox()))
                    if isinstance(leaf, nn.meta.AxisMetadata) else jnp.zeros_like(leaf))
-    return {"generator": gen, "discriminator": _unflat(flat)}
+    return {"generator": gen, "discriminator": traverse_util.unflatten_dict(flat)}
 
   def after_init(self, params, shardings):
     return params
@@ -265,13 +257,13 @@ class ReplacedTokenDetection(Objective):
     gen = params["generator"]
     if self.sharing == "none":
       return gen, params["discriminator"]
-    g, flat = _flat(gen), _flat(params["discriminator"])
+    g, flat = traverse_util.flatten_dict(gen), traverse_util.flatten_dict(params["discriminator"])
     for p in self.shared:
       if self.sharing == "tied":
         flat[p] = g[p]
       else:
         flat[p] = jax.lax.stop_gradient(g[p]) + flat[p]
-    return gen, _unflat(flat)
+    return gen, traverse_util.unflatten_dict(flat)
 
   # -------------------------------------------------------------------- the step
 
@@ -414,10 +406,7 @@ class ReplacedTokenDetection(Objective):
       body.heads = ()
       rest = {k: v for k, v in disc_p.items() if k != "rtd"}
       encoders.to_hf(encoders.build(body), rest, path)
-      from safetensors.numpy import save_file
-      head = {"/".join(k): np.asarray(jax.device_get(v), np.float32)
-              for k, v in _flat(disc_p["rtd"]).items()}
-      save_file(head, os.path.join(path, "rtd_head.safetensors"))
+      save_head(disc_p["rtd"], os.path.join(path, "rtd_head.safetensors"))
     encoders.to_hf(self.generator, gen_p, os.path.join(path, "generator"))
     if tokenizer is not None and hasattr(tokenizer, "save"):
       tokenizer.save(path)
@@ -531,16 +520,14 @@ def held_out_auc(objective, params, eval_items) -> dict:
 
 
 def _torch_rtd(objective, path):
-  import json as json_lib
-  import types
 
-  import torch
-  import transformers
+  import torch  # optional (the hf extra): only the benchmark's torch reference
+  import transformers  # optional (the hf extra)
 
   with open(os.path.join(path, "config.json")) as f:
-    disc_arch = json_lib.load(f)["architectures"][0]
+    disc_arch = json.load(f)["architectures"][0]
   with open(os.path.join(path, "generator", "config.json")) as f:
-    gen_arch = json_lib.load(f)["architectures"][0]
+    gen_arch = json.load(f)["architectures"][0]
   gen = getattr(transformers, gen_arch).from_pretrained(os.path.join(path, "generator"))
   disc = getattr(transformers, disc_arch).from_pretrained(path)
   if disc_arch.endswith("Model"):

@@ -27,7 +27,6 @@ import os
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 import encoders
 from objectives import losses, rtd
@@ -158,10 +157,7 @@ class ReplacedMlm(rtd.ReplacedTokenDetection):
     encoders.to_hf(encoders.build(body), {k: v for k, v in disc_p.items() if k != "rtd"},
                    path)
     if self.copy_gate:
-      from safetensors.numpy import save_file
-      head = {"/".join(k): np.asarray(jax.device_get(v), np.float32)
-              for k, v in rtd._flat(disc_p["rtd"]).items()}
-      save_file(head, os.path.join(path, "copy_gate.safetensors"))
+      rtd.save_head(disc_p["rtd"], os.path.join(path, "copy_gate.safetensors"))
     encoders.to_hf(self.generator, gen_p, os.path.join(path, "generator"))
     if tokenizer is not None and hasattr(tokenizer, "save"):
       tokenizer.save(path)

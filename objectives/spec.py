@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Dict, List, Sequence, Tuple, Union
 
+import jax
 import numpy as np
 
 Layout = Sequence[Sequence[int]]  # per row: the lengths of the documents packed into it
@@ -48,7 +49,6 @@ class BatchSpec:
 
   def shapes(self, batch: int, seq_len: int):
     """{name: jax.ShapeDtypeStruct} of a batch of `batch` rows of `seq_len` tokens."""
-    import jax
     return {k: jax.ShapeDtypeStruct((batch,) + f.row_shape(seq_len), np.dtype(f.dtype))
             for k, f in self.fields.items()}
 
