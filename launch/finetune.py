@@ -32,7 +32,7 @@ from ml_collections import config_flags
 
 import objectives
 from encoders import outdir
-from encoders.tasks import metrics as tm
+from encoders import tasks
 from launch import cli
 from launch.data import badinput
 from launch.data import finetune_data as fd
@@ -42,7 +42,6 @@ from launch.trainer import guard as guard_lib
 from launch.trainer import hostmem
 from launch.trainer import loop
 from launch.trainer import sharding as shard_lib
-from objectives import finetune as ft_objective  # noqa: F401  (registers "finetune")
 
 log = logging.getLogger("encoder_zoo")
 WRITER = "launch.finetune"  # the work directory's and its exports' marker
@@ -57,13 +56,13 @@ class _TokenizerInfo:
     self.tok, self.pad_id, self.vocab_size = tok, pad_id, tok.get_vocab_size()
 
 
-def predict(setup, params, arrays, batch_size, buckets=None):
-  """Model outputs on every row of `arrays` (numpy, padding rows dropped). Batches cut
-  to a length bucket have their per-token outputs padded back to the arrays' width:
-  token logits with 0, QA start/end logits with -1e9 (no span starts or ends there)."""
+def predict(setup, task, params, arrays, batch_size, buckets=None):
+  """The task's scored outputs (`task.output_fields`, numpy) on every row of `arrays`
+  (padding rows dropped). Per-token outputs of batches cut to a length bucket are padded
+  back to the arrays' width with `task.pad_value` (a value that predicts nothing)."""
   objective = setup.objective
   rules = shard_lib.rules_tuple(setup.config.mesh.rules)
-  fields = ("logits",) if objective.task != "qa" else ("start_logits", "end_logits")
+  fields = task.output_fields
 
   @jax.jit
   def fwd(p, b):
@@ -82,9 +81,9 @@ def predict(setup, params, arrays, batch_size, buckets=None):
     for k in fields:
       v = np.asarray(jax.device_get(out[k]))[:n]
       cut = b["input_ids"].shape[1]
-      if cut < width and objective.task in ("token", "qa"):  # per-token: back to width
+      if cut < width and task.per_token:  # per-token: back to the width
         pad = [(0, 0), (0, width - cut)] + [(0, 0)] * (v.ndim - 2)
-        v = np.pad(v, pad, constant_values=-1e9 if k != "logits" else 0.0)
+        v = np.pad(v, pad, constant_values=task.pad_value(k))
       got[k].append(v)
   return {k: np.concatenate(v) for k, v in got.items()}
 
@@ -164,7 +163,6 @@ def _fingerprint(config, train, labels):
       "finetune.train_rows": f"{len(train['example_weight'])} rows, sha256 "
                              f"{h.hexdigest()[:16]}",
       "finetune.labels": list(labels), "finetune.task": str(f.task),
-      "finetune.regression": bool(f.get("regression", False)),
       "finetune.packing": bool(f.get("packing", False)), "train.seed": int(config.train.seed)})
 
 
@@ -260,8 +258,8 @@ class FinetuneJob(loop.Job):
     self.seed = int(config.train.seed)
     self.buckets = fd.length_buckets(f.get("length_buckets", "auto"),
                                      int(config.data.seq_len))
-    self.select = fd.selection_metric(config) if hasattr(fd, "selection_metric") else \
-        fd.SELECTION["regression" if f.get("regression", False) else f.task]
+    self.task = tasks.get(f.task)
+    self.select = fd.selection_metric(config)
     self.tokenizer = _TokenizerInfo(tok, int(config.model.pad_token_id))
     self.fingerprint = _fingerprint(config, self.train, labels)
     self.config = config
@@ -350,7 +348,8 @@ class FinetuneJob(loop.Job):
     self.epoch_times.append(time.perf_counter() - self.t_epoch)
     self.train_time += self.epoch_times[-1]
     epoch = step // self.steps_per_epoch
-    outputs = predict(setup, state.params, self.evals, self.global_batch, self.buckets)
+    outputs = predict(setup, self.task, state.params, self.evals, self.global_batch,
+                      self.buckets)
     metrics, records = fd.score(self.config, outputs, self.info, self.labels)
     flat = {k: v for k, v in metrics.items() if isinstance(v, float)}
     self.history.append(dict(flat, epoch=epoch))
@@ -384,11 +383,8 @@ class FinetuneJob(loop.Job):
 
   def finish(self, setup, host_params, workdir, writer):
     best = self.best
-    if "confusion" in best["metrics"]:
-      tm.plot_confusion(np.asarray(best["metrics"]["confusion"]), self.labels,
-                        os.path.join(workdir, "confusion_matrix.png"),
-                        f"epoch {best['epoch']}: {self.select} "
-                        f"{best['metrics'][self.select]:.3f}")
+    self.task.report(best["metrics"], self.labels, workdir,
+                     f"epoch {best['epoch']}: {self.select} {best['metrics'][self.select]:.3f}")
     _write_atomic(os.path.join(workdir, "results.json"), json.dumps(self.result(), indent=2))
 
 
