@@ -30,17 +30,8 @@ def get_config(arg="base"):
   c.data.pair_task = "sop"
   c.tokenizer.lowercase = True  # the released ALBERT vocabularies are uncased
   if a.variant == "tiny":
-    # A CPU run beside BERT tiny's (same data, batch, schedule and steps).
     c.model.num_hidden_layers = 4
-    c.data.seq_len = 128
-    c.data.global_batch = 32
-    c.tokenizer.vocab_size = 8000
-    c.optimizer.learning_rate = 1e-3
-    c.optimizer.warmup_steps = 100
-    c.train.steps = 1000
-    c.train.log_every = 50
-    c.train.eval_every = 250
-    c.checkpoint.every = 500
+    common.tiny_recipe(c)
   else:
     c.data.seq_len = 512
     c.data.global_batch = 4096

@@ -6,18 +6,12 @@ Turc et al. 2019's compact BERTs — base (L12/H768), large (L24/H1024). `tiny-m
 README's main job: tiny's model and optimizer, MLM alone on packed documents, trained at a
 30% masking rate and scored at BERT's 15% (`objective.eval_mask_rate`), 800 steps.
 
-TPU recipe (every variant but the tiny ones): attention_probs_dropout_prob = 0, as
-ModernBERT and MosaicBERT train, so `attention_impl: auto` can run the Splash kernel on TPU
-(it has no attention-probability dropout; with dropout > 0 training would take the einsum
-path and the run's log says so). Hidden dropout stays at BERT's 0.1. `tiny` (BERT's
-MLM+NSP recipe at CPU scale) keeps BERT's dropout; `tiny-mlm` has none. Both are for a few
-minutes on a CPU: rows of 64
-tokens (batch 64), initializer_range 0.06 and sinusoidal-initialized learned positions
-(`model.position_init`), lr 2e-3; the comment in get_config says why. The TPU recipe
-also pads the embedding table to a multiple of 128 rows (vocab_pad_multiple; 30522 ->
-30592, the padding never predicted) so the tied MLM decoder's vocabulary dimension tiles
-the TPU's 128-wide matrix unit. `large` scans its 24 layers (`model.scan_layers`), for a
-TPU compile under 5 minutes.
+The sizes above tiny use the TPU recipe: attention_probs_dropout_prob = 0 (as ModernBERT
+and MosaicBERT train), so `attention_impl: auto` can run the Splash kernel, which has no
+attention-probability dropout; the embedding table padded to a multiple of 128 rows
+(`vocab_pad_multiple`) so the tied MLM decoder tiles the TPU's matrix unit; `large` scans
+its layers (`model.scan_layers`) to keep the TPU compile short (docs/benchmarks.md).
+The tiny ones are CPU runs of a few minutes (docs/first_hour.md).
 """
 from configs import common
 
@@ -50,44 +44,22 @@ def get_config(arg="base"):
   c.data.packing = "pairs"
   c.data.seq_len = 128
   if a.variant in ("tiny", "tiny-mlm"):
-    # BERT's recipe (MLM + NSP) at CPU scale: ~6 minutes on an idle 2-core CPU on the
-    # embedded default corpus. `tiny-mlm` (below) is the README's main job.
-    c.tokenizer.vocab_size = 8000
-    # Rows of 64 tokens, 64 a batch: the same 4,096 tokens a step as 32 x 128, slightly
-    # fewer FLOPs (1.45e10 vs 1.53e10 a step). At width 128 BERT's N(0, 0.02) init leaves
-    # the attention uniform and the position embeddings unmoved for hundreds of steps
-    # (the model predicts from a bag of the row's words), so shorter rows, a larger init
-    # (0.06, ~0.7/sqrt(hidden)) and sinusoidal-initialized (still learned) positions
-    # each raise the held-out MLM accuracy; docs/first_hour.md has the probes.
-    c.data.seq_len = 64
-    c.data.global_batch = 64
+    mlm = a.variant == "tiny-mlm"
+    # At width 128 BERT's N(0, 0.02) init leaves the attention uniform for hundreds of
+    # steps: shorter rows, a larger init and sinusoidal-initialized (still learned)
+    # positions let the model use word order early (docs/first_hour.md).
+    common.tiny_recipe(c, steps=800 if mlm else 1000, seq_len=64, global_batch=64,
+                       learning_rate=2e-3, dropout=not mlm)
     c.model.initializer_range = 0.06
     c.model.position_init = "sinusoidal"
-    # 2e-3, not 1e-3 (10.8% vs 8.8% at step 1000 at 32 x 128); 5e-3 stays at the
-    # most-frequent-token level (docs/first_hour.md).
-    c.optimizer.learning_rate = 2e-3
-    c.optimizer.warmup_steps = 100
-    c.train.steps = 1000
-    c.train.log_every = 50
-    c.train.eval_every = 250
-    c.checkpoint.every = 500
-    if a.variant == "tiny-mlm":
-      # The README's main job (~5 minutes on an idle 2-core CPU). MLM alone on packed
-      # documents: no pair pipeline, every row full of one document's text. Dropout 0 (800
-      # steps over 1.2 M tokens do not overfit). Masking 30% of the tokens in training
-      # (Wettig et al. 2023 found 40% better than 15% for BERT-large) gives the head twice
-      # the targets a step; the held-out batches stay masked at BERT's 15%, so the eval
-      # accuracy means what BERT's does. docs/first_hour.md has the probes.
+    if mlm:
+      # MLM alone on packed documents, masked at 30% in training (twice the targets a
+      # step; Wettig et al. 2023) and at BERT's 15% when scored (docs/first_hour.md).
       c.model.heads = ("mlm",)
       c.objective.name = "mlm"
       c.data.packing = "documents"
-      c.model.hidden_dropout_prob = 0.0
-      c.model.attention_probs_dropout_prob = 0.0
       c.objective.mask_rate = 0.3
       c.objective.eval_mask_rate = 0.15
-      c.train.steps = 800
-      c.train.eval_every = 200
-      c.checkpoint.every = 400
   else:
     # Devlin et al.: batch 256, lr 1e-4, 10k warmup steps, 1M steps (90% at length 128).
     c.model.attention_probs_dropout_prob = 0.0  # the TPU recipe: see the docstring
@@ -101,8 +73,5 @@ def get_config(arg="base"):
     c.train.eval_every = 10_000
     c.checkpoint.every = 5_000
     if a.variant == "large":
-      # 24 layers as one scanned layer: the TPU compile of the unrolled step took 5.5 min
-      # on a 2-core CPU (332 s, v5p:2x2x1, batch 128 x 512; the scanned one 171 s),
-      # at ~2x the HBM (38 of 95 GiB per v5p chip); docs/benchmarks.md, issue 17
-      c.model.scan_layers = True
+      c.model.scan_layers = True  # a shorter TPU compile (docs/benchmarks.md)
   return c.lock()

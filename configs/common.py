@@ -1,13 +1,15 @@
 """Defaults shared by every family's config: one place for each section.
 
-Family files (`configs/<family>.py`) call `base_config()` and override what differs.
+Family files (`configs/<family>.py`) call `base_config()` and override what differs; their
+`tiny` variants share `tiny_recipe`, the CPU-scale run.
 Sections: model, objective, data, tokenizer, optimizer, train, mesh, checkpoint, logging.
 """
 import ml_collections
 
+import encoders
 # Logical axis name -> mesh axis (or None = replicated): the table lives in encoders/
 # (encoders/sharding_rules.py), so that encoders.from_hf(..., mesh=) can use it too.
-from encoders.sharding_rules import DEFAULT_RULES  # noqa: F401
+from encoders.sharding_rules import DEFAULT_RULES
 
 
 def parse_arg(arg, **defaults):
@@ -32,8 +34,28 @@ def parse_arg(arg, **defaults):
 def model_defaults(family="bert"):
   """The model section: the family's own defaults (they live with the family in
   encoders/), named as in Hugging Face configs where they exist."""
-  import encoders
   return encoders.family_defaults(family)
+
+
+def tiny_recipe(c, *, steps=1000, eval_every=0, seq_len=128, global_batch=32,
+                learning_rate=1e-3, dropout=True):
+  """The CPU-scale run of a family's `tiny` variant, in config `c`: a trained 8k
+  vocabulary, 100 warmup steps, a log line every 50 steps, a checkpoint halfway and at
+  the end, a held-out evaluation every `eval_every` steps (0: a quarter of the run).
+  `dropout=False` turns dropout off (a short run only slows down with it)."""
+  c.tokenizer.vocab_size = 8000
+  c.data.seq_len = seq_len
+  c.data.global_batch = global_batch
+  c.optimizer.learning_rate = learning_rate
+  c.optimizer.warmup_steps = 100
+  c.train.steps = steps
+  c.train.log_every = 50
+  c.train.eval_every = eval_every or steps // 4
+  c.checkpoint.every = steps // 2
+  if not dropout:
+    c.model.hidden_dropout_prob = 0.0
+    c.model.attention_probs_dropout_prob = 0.0
+  return c
 
 
 def base_config():
@@ -147,21 +169,18 @@ def base_config():
   # instead of compiling again ("" off; launch/trainer/compile_cache.py).
   c.train.compilation_cache_dir = "{workdir}/compilation_cache"
   # TPU only: the on-chip vector memory (KiB) the compiler may give one op's tiles
-  # (libtpu's xla_tpu_scoped_vmem_limit_kib; 0 = the compiler's own default). 96 MiB is
-  # MaxText's value for dense, compute-bound models (its benchmarks/xla_flags_library.py,
-  # "experimentally recommended"): with it the compiler tiles BERT-base's 768-wide
-  # matmuls whole along the output instead of in two halves (docs/benchmarks.md, issue
-  # 17). Compiles take ~2.5x longer with it. Ignored off TPU.
+  # (libtpu's xla_tpu_scoped_vmem_limit_kib; 0 = the compiler's own default; ignored off
+  # TPU). MaxText's value for dense models: it lets the compiler tile BERT-base's matmuls
+  # whole, at the cost of longer compiles (docs/benchmarks.md).
   c.train.tpu_scoped_vmem_kib = 98304
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
   c.mesh.rules = DEFAULT_RULES
-  # ZeRO-style (Rajbhandari et al. 2020): the trained params' float32 master copy and
-  # their optimizer state split over the data axis (launch/trainer/sharding.py,
-  # split_over_data); each step gathers the params as the model reads them, the matmul
-  # weights in the compute dtype. The same values as replicated; the update then reads
-  # and writes 1/data of the state on each replica (docs/benchmarks.md, issue 17).
+  # ZeRO-style (Rajbhandari et al. 2020): the params' float32 master copy and their
+  # optimizer state split over the data axis, gathered as the model reads them; the same
+  # values as replicated, 1/data of the state on each replica (launch/trainer/sharding.py,
+  # docs/benchmarks.md).
   c.mesh.shard_state_over_data = True
 
   c.checkpoint = ml_collections.ConfigDict()

@@ -35,8 +35,7 @@ the shift formulation was taken instead, and why.
 discriminator's width and half its depth (the paper's Section 5: "same width, half the
 depth"), GDES embedding sharing (`sharing=gdes|tied|none` to change it), RTD loss weight
 50, masking 15% (85% [MASK], 15% kept, no random tokens: configs/electra.py); the pre-training
-settings of the paper's appendix as written down here (not re-checked against the paper
-in this session): batch 8k, 500k steps, 10k warmup steps, learning rate 3e-4 (large) /
+settings of the paper's appendix: batch 8k, 500k steps, 10k warmup steps, learning rate 3e-4 (large) /
 6e-4 (xsmall, small, base), Adam betas (0.9, 0.98), eps 1e-6, weight decay 0.01, gradient
 clipping 1.0, length 512. v3-tiny is the CPU run (the ELECTRA tiny's data, batch and
 schedule); it reports held-out discriminator precision / recall / AUC
@@ -70,27 +69,14 @@ def get_config(arg="base"):
   elif a.sharing != "gdes":
     raise ValueError("sharing= applies to the v3-* (RTD) variants only")
   if size == "tiny":
-    # A CPU run beside BERT tiny's (same data size, batch, schedule and steps).
-    if not v1:  # v1 has no buckets: its distances clip at max_position_embeddings
-      c.model.position_buckets = 64
-    c.data.seq_len = 128
-    c.data.global_batch = 32
-    c.tokenizer.vocab_size = 8000
-    c.optimizer.learning_rate = 1e-3
-    c.optimizer.warmup_steps = 100
-    c.train.steps = 1000
-    c.train.log_every = 50
-    c.train.eval_every = 250
-    c.checkpoint.every = 500
     if v3:  # configs/electra.py:tiny's run: length 64, 800 steps, temperature 2
+      common.tiny_recipe(c, steps=800, eval_every=400, seq_len=64, dropout=False)
       c.model.position_buckets = 32
       c.objective.temperature = 2.0  # why: configs/electra.py (tiny) and docs/electra.md
-      c.model.hidden_dropout_prob = 0.0  # a short run: dropout only slows it down
-      c.model.attention_probs_dropout_prob = 0.0
-      c.data.seq_len = 64
-      c.train.steps = 800
-      c.train.eval_every = 400
-      c.checkpoint.every = 400
+    else:
+      common.tiny_recipe(c)
+      if not v1:  # v1 has no buckets: its distances clip at max_position_embeddings
+        c.model.position_buckets = 64
   elif v3:
     c.model.attention_probs_dropout_prob = 0.0  # the TPU recipe: see the docstring
     c.data.seq_len = 512

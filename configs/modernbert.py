@@ -13,11 +13,10 @@ layers, H1024) with the paper's recipe (Section 2.2), as closely as this trainer
 - phase 1 at 1,024 tokens, then `phase=2` extends the context to 8,192 tokens (global
   rotary theta 160k, already the default) from the phase-1 export (`init_from`), at the
   paper's lower peak rate of 3e-4, with splash attention and the activation
-  checkpointing of `remat=`: none (the default: at 64 x 8,192 on v5p:2x2x1 it was
-  AOT-measured to fit, 78.45 of 95 GiB per chip, estimated MFU 62.9%), full (19.60 GiB,
-  47.9%), or between them dots_with_no_batch_dims_saveable (the layers' projection
-  outputs kept, the rest recomputed: 59.66 GiB, 50.5%) or dots_saveable;
-  docs/modernbert.md has the table;
+  checkpointing of `remat=`: none (the default, which fits a v5p chip at 64 x 8,192),
+  full, or between them dots_with_no_batch_dims_saveable (the layers' projection
+  outputs kept, the rest recomputed) or dots_saveable; docs/modernbert.md has their
+  memory and speed;
 - optimizer: the paper's StableAdamW, `optimizer.name="stable_adamw"` (AdamW with
   AdaFactor-style update clipping per parameter tensor, Wortsman et al. 2023;
   launch/trainer/stable_adamw.py), in place of global gradient-norm clipping (off);
@@ -54,17 +53,9 @@ def get_config(arg="base"):
   c.data.packing = "documents"
   if a.variant == "tiny":
     c.model.local_attention = 64  # so the window matters at 128 tokens
-    c.data.seq_len = 128
-    c.data.global_batch = 32
-    c.tokenizer.vocab_size = 8000
-    c.optimizer.learning_rate = 1e-3
-    c.optimizer.warmup_steps = 100
+    common.tiny_recipe(c)
     c.optimizer.schedule = "wsd"
     c.optimizer.weight_decay = 1e-5
-    c.train.steps = 1000
-    c.train.log_every = 50
-    c.train.eval_every = 250
-    c.checkpoint.every = 500
     return c.lock()
   c.tokenizer.model_type = "bpe"
   c.tokenizer.vocab_size = 50368

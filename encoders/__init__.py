@@ -9,6 +9,10 @@
 import importlib
 import pkgutil
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
 from encoders.base import (EncoderOutput, build, family_defaults, forward_flops,
                            register_family, validate_inputs)
 
@@ -29,12 +33,9 @@ __all__ = ["EncoderOutput", "build", "from_hf", "to_hf", "hf_config", "register_
 def init_boxed(model, rng, batch_size=1, length=8):
   """Random params for `model`, boxed with their logical axes (for sharding). Jitted: an
   op-by-op init compiles every random draw and reshape as a program of its own."""
-  import jax
-  import jax.numpy as jnp
   return jax.jit(model.init)(rng, jnp.zeros((batch_size, length), jnp.int32))["params"]
 
 
 def init_params(model, rng, batch_size=1, length=8):
   """Random float32 params for `model` (unboxed from their logical partitioning)."""
-  import flax.linen as nn
   return nn.unbox(init_boxed(model, rng, batch_size, length))

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from encoders.layers import attention, kernels, relative, relative_kernel
+
 Array = jax.Array
 
 
@@ -85,7 +87,6 @@ def resolve_attention(cfg, platform, seq_len=None) -> str:
   line = ""
   dropout = float(cfg.get("attention_probs_dropout_prob", 0.0) or 0.0)
   if cfg.get("relative_impl") == "auto":
-    from encoders.layers import relative, relative_kernel
     impl, reason = relative.choose_impl(platform, seq_len, dropout)
     if platform == "tpu" and not seq_len and relative.choose_impl(
         platform, relative_kernel.BLOCK, dropout)[0] == "fused":
@@ -96,7 +97,6 @@ def resolve_attention(cfg, platform, seq_len=None) -> str:
       line = f"; relative attention: auto -> {impl}: {reason}"
   if cfg.get("attention_impl") != "auto":
     return f"attention: {cfg.get('attention_impl')} (set in the config){line}"
-  from encoders.layers import attention, kernels
   heads = cfg.get("num_attention_heads")
   args = (dropout, dtype_for(cfg.get("dtype", "auto"), platform),
           cfg.hidden_size // heads if heads else None, cfg.get("family", "bert"))

@@ -100,3 +100,45 @@ def test_deberta_recipe_and_ablations_load_and_build():
   assert (v3.objective.name, v3.objective.sharing, v3.objective.generator_depth,
           v3.objective.generator_width) == ("rtd", "gdes", 0.5, 1.0)
   assert v3.model.heads == ("rtd",) and v3.data.global_batch == 8192
+
+
+def test_shipped_configs_load_by_name_from_any_directory(tmp_path, monkeypatch):
+  """`--config bert:tiny`, `configs/bert.py:tiny` and `ablations/electra:...` find the
+  shipped files from another directory; a file that exists where it is named wins."""
+  import os
+  from launch import cli
+  from configs.ablations import electra as electra_ablations
+  monkeypatch.chdir(tmp_path)
+  shipped = os.path.join(cli.SHIPPED_CONFIGS, "bert.py")
+  for name in ("bert", "bert.py", "configs/bert.py"):
+    assert cli.config_path(name) == shipped
+  assert cli.load_config("bert:tiny").to_dict() == bert.get_config("tiny").to_dict()
+  spec = "ablations/electra:tiny,setting=gen_1_2"
+  assert (cli.load_config(spec).to_dict()
+          == electra_ablations.get_config("tiny,setting=gen_1_2").to_dict())
+  (tmp_path / "mine.py").write_text(
+      "import ml_collections\n"
+      "def get_config(arg='a'):\n"
+      "  return ml_collections.ConfigDict({'arg': arg})\n")
+  assert cli.config_path("mine.py") == "mine.py" and cli.load_config("mine.py:b").arg == "b"
+  with pytest.raises(cli.ConfigError, match="does not exist"):
+    cli.config_path("not_a_config")
+
+
+@pytest.mark.parametrize("spec, error", [
+    ("bert:tiny", "did you mean train.steps"),  # found and loaded: the override is checked
+    ("configs/bert.py:tinyx", "unknown BERT variant 'tinyx'"),  # loaded: its own error
+    ("ablations/electra:tiny,setting=gen_1_2", "did you mean train.steps"),
+    ("nope:tiny", "config file 'nope' does not exist"),
+])
+def test_entry_point_resolves_the_config_outside_the_checkout(tmp_path, spec, error):
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  p = subprocess.run([sys.executable, "-m", "launch.preprocess", "--config", spec,
+                      "--out", str(tmp_path / "out"), "--config.train.stepz=3"],
+                     cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+  assert p.returncode == 2 and error in p.stderr, p.stderr[-2000:]
+  assert not (tmp_path / "out").exists()

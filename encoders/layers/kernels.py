@@ -7,6 +7,7 @@ from typing import Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
 Array = jax.Array
 
@@ -41,7 +42,6 @@ def splash_attention(q: Array, k: Array, v: Array, segment_ids: Array,
   tests on the CPU). `local_window` w restricts each query to keys with |i - j| <= w // 2
   (a banded `LocalMask`: blocks outside the band are skipped, so the work is windowed).
   """
-  from jax.experimental.pallas.ops.tpu import splash_attention as sa
   b, t, h, d = q.shape
   if t % 128:
     raise ValueError(f"splash attention needs a sequence length that is a multiple of 128, "

@@ -41,6 +41,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from encoders.layers import kernels
+
 Array = jax.Array
 BLOCK = 128
 KERNEL_NAMES = ("deberta_rel_fwd", "deberta_rel_dq", "deberta_rel_dkv")
@@ -370,7 +372,6 @@ def fused_relative_attention(q: Array, k: Array, v: Array, pos_key: Optional[Arr
   (B,T,H,K). T must be a multiple of 128. `interpret`: None runs the Mosaic kernel when
   the program is lowered for TPU and the Pallas interpreter otherwise; True/False force
   one. Under a mesh the kernel runs per shard (`kernels.per_shard`: batch and heads)."""
-  from encoders.layers import kernels
   b, t, h, kdim = q.shape
   if t % BLOCK:
     raise ValueError(f"the fused relative attention kernel needs a sequence length that is "

@@ -6,7 +6,7 @@ state and batches.
 """
 import functools
 import math
-from typing import Any, Dict, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from encoders.sharding_rules import rules_tuple
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -44,10 +46,6 @@ def make_mesh(shape: Sequence[int], devices=None) -> Mesh:
 def _axes(entry) -> Tuple[str, ...]:
   """A PartitionSpec / rules entry (None, an axis name or a tuple of them) as a tuple."""
   return (entry,) if isinstance(entry, str) else tuple(entry or ())
-
-
-def rules_tuple(rules) -> Tuple[Tuple[str, Any], ...]:
-  return tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in rules)
 
 
 def logical_shardings(boxed_tree, mesh: Mesh, rules):
