@@ -66,7 +66,6 @@ from encoders.hf.export import (HF_EXPORT, REPLACEABLE, check_export_target, is_
                                 to_hf, write_export)
 from encoders.hf.mapping import (GENERIC_KEYS, Mapping, family_hook, hf_config, mapping_for,
                                  model_types, refuse_unknown, register_mapping)
-from encoders.hf.mapping import _MAPPINGS  # noqa: F401  (objectives/rtd.py, until mapping_for)
 from encoders.hf.rules import (KINDS, PerLayer, Rule, Table, expand, export_rule, import_rule,
                                layer_indices)
 
