@@ -493,6 +493,9 @@ def _tiny_config(argv, *sections):
     keys = {k: v for k, v in keys.items() if not k.startswith("model.") or k in known}
   if config.split(":")[-1].startswith("tiny") or "v1-tiny" in config or "v3-tiny" in config:
     keys = {k: v for k, v in keys.items() if not k.startswith("model.")}
+  # a distillation teacher built from a config shrinks with its student
+  keys.update({"objective.teacher_model." + k[len("model."):]: v for k, v in list(keys.items())
+               if k.startswith("model.") and "objective.teacher_model." + k[len("model."):] in known})
   src = [w for w in argv if w.startswith("--config.data.source=")]
   if src and src[-1].endswith("arrayrecord"):  # the shards fix the documents and tokenizer
     keys = {k: v for k, v in keys.items()
