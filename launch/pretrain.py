@@ -18,8 +18,14 @@ refused workdir, said in one line before anything is written; 1 a run that diver
 import logging
 import os
 
+import jax
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
+
+from launch import cli, trainer
+from launch.data import badinput
+from launch.trainer import hostmem
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "config file[:arg]",
                                           lock_config=True)
@@ -36,9 +42,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
-  from launch.trainer import hostmem
   hostmem.tune_malloc()  # first: before JAX's CPU client starts (launch/trainer/hostmem.py)
-  import jax
   if _COORDINATOR.value:
     # CPU processes (tests, or a CPU cluster) need gloo for cross-process collectives;
     # the setting is ignored by TPU and GPU backends.
@@ -47,14 +51,11 @@ def main(argv):
   elif (_MULTIHOST.value or os.environ.get("TPU_WORKER_HOSTNAMES")
         or os.environ.get("SLURM_JOB_ID")):
     jax.distributed.initialize()  # Cloud TPU pods / SLURM: discovered from the environment
-  from absl import logging as absl_logging
   absl_logging.set_verbosity(absl_logging.INFO)
   absl_logging.get_absl_handler().setFormatter(
       logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
   for noisy in ("absl", "jax", "orbax", "grain", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
-  from launch import cli, trainer
-  from launch.data import badinput
   try:
     result = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except cli.ConfigError as e:  # a start-up check: one line, exit 2, nothing written
@@ -70,5 +71,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from launch import cli
   app.run(main, flags_parser=cli.parse_flags)

@@ -47,7 +47,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+import encoders
 from objectives import demo
+from objectives import masking
+from objectives import pretrained
 from objectives.spec import BatchSpec
 
 _OBJECTIVES: Dict[str, Callable] = {}
@@ -79,7 +82,6 @@ def prepare_config(config):
 
 def model_forward_flops(model_config, seq_len: int, mlm_positions=None) -> float:
   """Forward FLOPs of one sequence through a family's model, counted by the family."""
-  import encoders
   return float(encoders.forward_flops(model_config, seq_len, mlm_positions))
 
 
@@ -101,13 +103,11 @@ class Objective:
     """Start-up validation of the objective's settings, before any data work (the
     trainer's launch/trainer/checks.py): raises a one-line ValueError naming the key.
     Default: the masking settings every masked-LM-style objective reads, where present."""
-    from objectives import masking
     masking.check_config(config.objective, int(config.data.seq_len))
 
   @classmethod
   def prepare_config(cls, config):
     """Default: `config.init_from` sets the model section and tokenizer (pretrained.py)."""
-    from objectives import pretrained
     pretrained.configure(config)
 
   def init(self, rng) -> Dict:
@@ -119,7 +119,6 @@ class Objective:
     init_from = getattr(self, "init_from", "")
     if not init_from:
       return params
-    from objectives import pretrained
     out = dict(params)
     out["encoder"] = pretrained.load_into(init_from, params["encoder"],
                                           shardings["encoder"], self.model_config)
