@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 import encoders
 from configs import deberta as deberta_configs
 from tests.encoders import hf_helpers as H
-from tests.encoders.test_deberta import tiny_hf
+from tests.encoders.deberta_helpers import tiny_hf
 
 ATOL = 1e-4
 TABLE = "deberta.embeddings.position_embeddings.weight"

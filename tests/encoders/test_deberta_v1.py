@@ -13,9 +13,8 @@ import transformers as T
 import encoders
 from encoders import deberta
 from tests.encoders import hf_helpers as H
-from tests.encoders import test_deberta as deberta_tests
+from tests.encoders.deberta_helpers import compare, tiny_hf
 
-tiny_hf, _compare = deberta_tests.tiny_hf, deberta_tests._compare
 
 
 @pytest.mark.parametrize("arch,style", [("DebertaModel", "v1_base"),
@@ -31,7 +30,7 @@ def test_parity_tiny_random(arch, style, tmp_path):
   ids, mask, types = H.padded_batch(hf.config, length=20, seed=2)
   assert not mask.all() and (types.any() or style != "v1_clipped")
   out = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))
-  _compare(out, H.torch_outputs(hf, ids, mask, types), mask)
+  compare(out, H.torch_outputs(hf, ids, mask, types), mask)
 
 
 @pytest.mark.parametrize("impl", ["gather", "headmajor"])
@@ -41,7 +40,7 @@ def test_parity_of_the_other_relative_formulations(impl, tmp_path):
   model, params = encoders.from_hf(str(tmp_path), dtype="float32", relative_impl=impl)
   ids, mask, types = H.padded_batch(hf.config, length=20, seed=4)
   out = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))
-  _compare(out, H.torch_outputs(hf, ids, mask, types), mask)
+  compare(out, H.torch_outputs(hf, ids, mask, types), mask)
 
 
 def test_non_legacy_mlm_head(tmp_path):
@@ -51,7 +50,7 @@ def test_non_legacy_mlm_head(tmp_path):
   model, params = encoders.from_hf(str(tmp_path), dtype="float32")
   ids, mask, types = H.padded_batch(hf.config, length=20, seed=6)
   out = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))
-  _compare(out, H.torch_outputs(hf, ids, mask, types), mask)
+  compare(out, H.torch_outputs(hf, ids, mask, types), mask)
 
 
 def test_in_proj_rows_are_split_per_head(tmp_path):

@@ -100,7 +100,7 @@ def test_model_on_the_fused_kernel_matches_transformers_and_the_shift_gradients(
   import transformers as T  # noqa: N812
   import encoders
   from tests.encoders import hf_helpers as H
-  from tests.encoders.test_deberta import _compare, tiny_hf
+  from tests.encoders.deberta_helpers import compare, tiny_hf
   hf = tiny_hf("DebertaV2ForMaskedLM", style, seed=6, max_position_embeddings=128)
   assert isinstance(hf, T.DebertaV2ForMaskedLM)
   hf.save_pretrained(tmp_path)
@@ -111,7 +111,7 @@ def test_model_on_the_fused_kernel_matches_transformers_and_the_shift_gradients(
   assert not mask.all()
   args = (jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))
   out = jax.jit(lambda p, *a: fused.apply({"params": p}, *a))(params, *args)
-  _compare(out, H.torch_outputs(hf, ids, mask, types), mask)
+  compare(out, H.torch_outputs(hf, ids, mask, types), mask)
 
   w = jax.random.normal(jax.random.PRNGKey(3), out.last_hidden_state.shape) * mask[..., None]
 

@@ -1,4 +1,6 @@
 """Shared helpers of the data tests (tests/launch/test_data.py, tests/objectives/test_pairs.py)."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -64,3 +66,40 @@ def rows_of(batches):
 def epoch_rows(pipeline):
   """All rows of one epoch (num_epochs=1) as a list of per-row dicts."""
   return rows_of(pipeline.train_iter())
+
+
+@functools.cache
+def _tiny_tfds_builder_class():
+  """Defined once per process: TFDS refuses to register a dataset name twice."""
+  import tensorflow_datasets as tfds
+
+  class EncoderZooTinyText(tfds.core.GeneratorBasedBuilder):
+    # A module name without dots: TFDS then does not look for the builder's package
+    # resources (which needs the `importlib_resources` backport, absent on Python 3.11).
+    __module__ = "encoder_zoo_tiny_text"
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(
+          builder=self, features=tfds.features.FeaturesDict({
+              "text": tfds.features.Text(), "id": tfds.features.Scalar(np.int32)}))
+
+    def _split_generators(self, dl_manager):
+      del dl_manager
+      return {"train": self._generate_examples(0, 30),
+              "validation": self._generate_examples(100, 4)}
+
+    def _generate_examples(self, start, n):
+      for i in range(start, start + n):
+        yield i, {"id": i, "text": f"Document {i} of the tiny set.\n"
+                                   f"It says that {i} plus one is {i + 1}."}
+
+  return EncoderZooTinyText
+
+
+def build_tiny_tfds(data_dir):
+  """Prepares the tiny TFDS text dataset (ArrayRecord files) in `data_dir`; -> its name."""
+  EncoderZooTinyText = _tiny_tfds_builder_class()
+  builder = EncoderZooTinyText(data_dir=data_dir, file_format="array_record")
+  builder.download_and_prepare()
+  return builder.name

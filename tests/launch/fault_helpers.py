@@ -1,6 +1,7 @@
 """Shared fault injection for the trainer tests."""
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from launch.trainer import step as step_lib
@@ -24,3 +25,13 @@ def poison_gradients(monkeypatch, is_bad):
     return jax.tree.map(lambda g: g * f, grads), metrics
 
   monkeypatch.setattr(step_lib, "gradients", poisoned)
+
+
+CKPT = ml_collections.ConfigDict({"keep": 3, "use_async": True})
+
+
+def tiny_state(value):
+  """A TrainState whose step and one (64, 64) param hold `value` (checkpoint tests)."""
+  return step_lib.TrainState(step=jnp.int32(value), params={"w": jnp.full((64, 64), value,
+                                                                          jnp.float32)},
+                             frozen={}, opt_state=(), rng=jnp.zeros(2, jnp.uint32))

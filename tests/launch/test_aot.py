@@ -14,41 +14,18 @@ import sys
 import pytest
 
 from launch.perf import aot
+from tests.launch.aot_helpers import REPO, run_aot
+from tests.launch.aot_helpers import libtpu  # noqa: F401  (a fixture)
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--config", "configs/bert.py:tiny", "--config.model.num_hidden_layers=1",
         "--config.model.vocab_size=512"]
-
-
-@pytest.fixture(scope="module")
-def libtpu():
-  path = aot.find_libtpu()
-  if path:
-    return path
-  target = os.path.dirname(os.path.dirname(aot.LOCAL_LIBTPU))
-  cmd = [sys.executable, "-m", "pip", "install", "-q", "--target", target,
-         aot.libtpu_requirement()]
-  try:
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-  except (OSError, subprocess.TimeoutExpired) as e:
-    pytest.skip(f"libtpu could not be installed ({e}); the TPU compiler comes with it")
-  if p.returncode != 0 or aot.find_libtpu() is None:
-    pytest.skip("libtpu could not be installed (pip said: "
-                f"{(p.stderr or p.stdout).strip()[-300:]}); the TPU compiler comes with it")
-  return aot.find_libtpu()
-
-
-def _run(args, libtpu_path, timeout=600, **env_vars):
-  env = dict(os.environ, TPU_LIBRARY_PATH=libtpu_path, XLA_FLAGS="", **env_vars)
-  return subprocess.run([sys.executable, "-m", "launch.aot", *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=timeout)
 
 
 def test_tpu_recipe_gets_splash_and_compiles_sharded_for_v5p(libtpu, tmp_path):
   """No attention flags: the TPU recipe (attention dropout 0) resolves `auto` to Splash at
   seq 128, and the sharded step compiles and is priced for a v5p slice."""
   out = tmp_path / "aot.json"
-  p = _run(["--config", "configs/bert.py:mini", "--config.model.num_hidden_layers=1",
+  p = run_aot(["--config", "configs/bert.py:mini", "--config.model.num_hidden_layers=1",
             "--config.model.vocab_size=512", "--topology", "v5p:2x2x1", "--global-batch",
             "8", "--seq", "128", "--mesh=2,1,2", "--breakdown", "6", "--json", str(out)],
            libtpu, timeout=1500)  # three compiles: the step and its stand-in twin
@@ -93,7 +70,7 @@ def test_tpu_recipe_gets_splash_and_compiles_sharded_for_v5p(libtpu, tmp_path):
 @pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
 def test_scanned_remat_step_is_priced_on_its_unrolled_twin(libtpu, tmp_path):
   out = tmp_path / "aot.json"
-  p = _run(TINY + ["--config.model.num_hidden_layers=2", "--topology", "v5p:2x2x1",
+  p = run_aot(TINY + ["--config.model.num_hidden_layers=2", "--topology", "v5p:2x2x1",
                    "--global_batch", "8", "--seq", "128", "--config.model.scan_layers=true",
                    "--config.model.remat_policy=dots_saveable", "--json", str(out)], libtpu)
   assert p.returncode == 0, p.stdout + p.stderr[-3000:]
@@ -110,14 +87,14 @@ def test_rbg_prng_gives_no_estimate_instead_of_a_crash(libtpu):
   """With JAX's rbg PRNG (4-word keys) the dropout masks come from RngBitGenerator, which
   XLA's TPU cost model cannot price: the fallback twin (its key shaped for the default
   PRNG, not a fixed 2 words) still compiles, and the report says there is no estimate."""
-  p = _run(TINY + ["--topology", "v5p:2x2x1", "--global_batch", "8", "--seq", "128"],
+  p = run_aot(TINY + ["--topology", "v5p:2x2x1", "--global_batch", "8", "--seq", "128"],
            libtpu, JAX_DEFAULT_PRNG_IMPL="rbg")
   assert p.returncode == 0, p.stdout + p.stderr[-3000:]
   assert "XLA reported no step-time estimate for this program" in p.stdout
 
 
 def test_does_not_fit_exits_nonzero_with_a_clear_message(libtpu):
-  p = _run(TINY + ["--topology", "v5e:2x2", "--global_batch", "4", "--seq", "64",
+  p = run_aot(TINY + ["--topology", "v5e:2x2", "--global_batch", "4", "--seq", "64",
                    "--config.model.scan_layers=true", "--config.model.remat_policy=full",
                    "--hbm_gib", "0.001"], libtpu)
   assert p.returncode == aot.EXIT_DOES_NOT_FIT, p.stdout + p.stderr[-3000:]
@@ -125,7 +102,7 @@ def test_does_not_fit_exits_nonzero_with_a_clear_message(libtpu):
 
 
 def test_bad_topology_is_a_usage_error(libtpu):
-  p = _run(TINY + ["--topology", "v5p:banana", "--global_batch", "8"], libtpu)
+  p = run_aot(TINY + ["--topology", "v5p:banana", "--global_batch", "8"], libtpu)
   assert p.returncode == aot.EXIT_USAGE
   assert "v5p:banana" in p.stderr
 
@@ -292,7 +269,7 @@ def test_deberta_tpu_recipe_gets_the_fused_relative_kernel_and_prices_it(libtpu,
   too; the last layer's own pass feeds nothing the MLM loss reads, and XLA drops it, so
   each kernel runs three times, the layer passes `forward_flops` counts."""
   out = tmp_path / "aot.json"
-  p = _run(["--config", "configs/deberta.py:base", "--config.model.num_hidden_layers=2",
+  p = run_aot(["--config", "configs/deberta.py:base", "--config.model.num_hidden_layers=2",
             "--config.model.vocab_size=512", "--topology", "v5p:2x2x1", "--global-batch",
             "8", "--seq", "128", "--mesh=2,1,2", "--breakdown", "6", "--json", str(out)],
            libtpu, timeout=1500)

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from launch.trainer import checks, compile_cache
-from tests.launch.test_multiprocess import ROOT
+from tests.launch.multiprocess_helpers import ROOT
 
 
 def test_resolve_fills_in_the_workdir_and_rejects_other_placeholders():
@@ -51,7 +51,7 @@ _RUN = textwrap.dedent("""
   events = []
   monitoring.register_event_listener(lambda name, **kw: events.append(name))
   from launch.trainer import pretraining
-  from tests.launch.test_multiprocess import tiny_config
+  from tests.launch.multiprocess_helpers import tiny_config
   out = pretraining.train_and_evaluate(tiny_config(*json.loads(sys.argv[2])), sys.argv[1])
   print("RESULT", json.dumps({
       "step": out["step"], "cache_dir": jax.config.jax_compilation_cache_dir,

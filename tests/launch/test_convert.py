@@ -13,7 +13,7 @@ from launch import convert
 from launch import trainer as train
 from objectives import pretrained
 from tests.encoders import family_dirs as F
-from tests.launch.test_train import small_config
+from tests.launch.train_helpers import small_config
 
 
 def _tensors(path):

@@ -3,7 +3,6 @@
 Pairs (NSP/SOP) are tested in tests/objectives/test_pairs.py, the default corpus's
 held-out split in tests/launch/test_corpus_split.py.
 """
-import functools
 import collections
 import json
 
@@ -14,8 +13,8 @@ from launch import data
 from launch.data import corpus
 from launch.data import tokenization
 from launch.data import pairs
-from tests.launch.data_helpers import (assert_batches_equal, epoch_rows, make_config,  # noqa: F401
-                                       rows_of, spm, spm_config, spm_path, take)
+from tests.launch.data_helpers import (assert_batches_equal, build_tiny_tfds, epoch_rows,  # noqa: F401
+                                       make_config, rows_of, spm, spm_config, spm_path, take)
 
 
 # ------------------------------------------------------------------------------ corpus
@@ -404,44 +403,8 @@ def test_text_source(tmp_path, spm_path):
       assert word in text
 
 
-@functools.cache
-def _tiny_tfds_builder_class():
-  """Defined once per process: TFDS refuses to register a dataset name twice."""
-  import tensorflow_datasets as tfds
-
-  class EncoderZooTinyText(tfds.core.GeneratorBasedBuilder):
-    # A module name without dots: TFDS then does not look for the builder's package
-    # resources (which needs the `importlib_resources` backport, absent on Python 3.11).
-    __module__ = "encoder_zoo_tiny_text"
-    VERSION = tfds.core.Version("1.0.0")
-
-    def _info(self):
-      return tfds.core.DatasetInfo(
-          builder=self, features=tfds.features.FeaturesDict({
-              "text": tfds.features.Text(), "id": tfds.features.Scalar(np.int32)}))
-
-    def _split_generators(self, dl_manager):
-      del dl_manager
-      return {"train": self._generate_examples(0, 30),
-              "validation": self._generate_examples(100, 4)}
-
-    def _generate_examples(self, start, n):
-      for i in range(start, start + n):
-        yield i, {"id": i, "text": f"Document {i} of the tiny set.\n"
-                                   f"It says that {i} plus one is {i + 1}."}
-
-  return EncoderZooTinyText
-
-
-def _build_tiny_tfds(data_dir):
-  EncoderZooTinyText = _tiny_tfds_builder_class()
-  builder = EncoderZooTinyText(data_dir=data_dir, file_format="array_record")
-  builder.download_and_prepare()
-  return builder.name
-
-
 def test_tfds_source_reads_array_record_without_tensorflow(tmp_path, spm_path):
-  name = _build_tiny_tfds(str(tmp_path))
+  name = build_tiny_tfds(str(tmp_path))
   assert list(tmp_path.rglob("*.array_record*"))
   c = spm_config(spm_path, source="tfds", tfds_name=name, tfds_data_dir=str(tmp_path),
                  eval_split="validation", global_batch=2, max_documents=-1)

@@ -11,12 +11,8 @@ from safetensors.numpy import load_file
 
 from configs import deberta as deberta_configs
 from launch import trainer as train
-from tests.launch.test_train import (
-  _devices,
-  _workdir,
-  small_config,
-  tokenizer_cache,  # noqa: F401  (a fixture)
-)
+from tests.launch.train_helpers import copy_workdir, first_devices, small_config
+from tests.launch.train_helpers import tokenizer_cache  # noqa: F401  (a fixture)
 
 
 @pytest.mark.slow  # ~3-4 min on the loaded 2-core machine (compiles two DeBERTas)
@@ -26,8 +22,8 @@ def test_deberta_v3_recipe_trains_and_exports(tmp_path, tokenizer_cache):  # noq
   c.model.position_buckets = 8
   c.model.max_relative_positions = 32
   assert (c.objective.name, c.objective.sharing) == ("rtd", "gdes")
-  wd = _workdir(tmp_path, "debv3", tokenizer_cache)
-  out = train.train_and_evaluate(c, wd, _devices(1))
+  wd = copy_workdir(tmp_path, "debv3", tokenizer_cache)
+  out = train.train_and_evaluate(c, wd, first_devices(1))
   ev = out["eval"]
   for key in ("mlm_accuracy", "rtd_loss", "rtd_replaced_accuracy", "rtd_flagged_accuracy",
               "rtd_all_original_accuracy"):

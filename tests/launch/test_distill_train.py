@@ -12,7 +12,8 @@ from launch.perf import synthetic
 from launch import trainer as train
 from launch.trainer import metrics as metrics_lib
 from launch.trainer import sharding
-from tests.launch.test_train import _workdir, small_config, tokenizer_cache  # noqa: F401
+from tests.launch.train_helpers import copy_workdir, small_config
+from tests.launch.train_helpers import tokenizer_cache  # noqa: F401  (a fixture)
 
 
 def _small_distill(**objective):
@@ -69,7 +70,7 @@ def test_distills_from_one_of_our_work_directories(tmp_path, tokenizer_cache):  
   """A BERT teacher trained by the trainer (its workdir, exported under hf/), distilled
   into a DistilBERT student that takes every other teacher layer; the student's export
   loads in transformers."""
-  teacher_wd = _workdir(tmp_path, "teacher", tokenizer_cache)
+  teacher_wd = copy_workdir(tmp_path, "teacher", tokenizer_cache)
   tc = small_config(train__steps=2, train__eval_every=2, checkpoint__every=100)
   tc.model.num_hidden_layers = 4
   train.train_and_evaluate(tc, teacher_wd, jax.devices()[:1])

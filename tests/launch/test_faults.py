@@ -10,35 +10,25 @@ import textwrap
 import time
 
 import jax
-import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
 from launch.trainer import checkpoint as ckpt_lib
-from launch.trainer import step as step_lib
-from tests.launch.test_multiprocess import (OVERRIDES, ROOT, _finish, _free_port,
-                                            preempt_one, tiny_config)
-
-CKPT = ml_collections.ConfigDict({"keep": 3, "use_async": True})
-
-
-def _state(value):
-  return step_lib.TrainState(step=jnp.int32(value), params={"w": jnp.full((64, 64), value,
-                                                                          jnp.float32)},
-                             frozen={}, opt_state=(), rng=jnp.zeros(2, jnp.uint32))
+from tests.launch.fault_helpers import CKPT, tiny_state
+from tests.launch.multiprocess_helpers import (OVERRIDES, ROOT, finish, free_port, preempt_one,
+                                               tiny_config)
 
 
 def _abstract():
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                      _state(0))
+                      tiny_state(0))
 
 
 def test_unreadable_latest_checkpoint_falls_back_to_the_previous_step(tmp_path):
   d = str(tmp_path / "ck")
   m = ckpt_lib.Manager(d, CKPT)
-  m.save(1, _state(1.0), {"pos": 1})
-  m.save(2, _state(2.0), {"pos": 2})
+  m.save(1, tiny_state(1.0), {"pos": 1})
+  m.save(2, tiny_state(2.0), {"pos": 2})
   m.close()
   for root, _, files in os.walk(os.path.join(d, "2", "state")):
     for f in files:  # a torn copy: the step is committed, its array data is gone
@@ -55,9 +45,9 @@ _KILL_SCRIPT = textwrap.dedent("""
   import ml_collections
   from orbax.checkpoint._src.path import atomicity
   from launch.trainer import checkpoint as ckpt_lib
-  from tests.launch.test_faults import _state, CKPT
+  from tests.launch.fault_helpers import CKPT, tiny_state
   m = ckpt_lib.Manager(sys.argv[1], CKPT)
-  m.save(1, _state(1.0), {"pos": 1})
+  m.save(1, tiny_state(1.0), {"pos": 1})
   m.wait()
   for cls in (atomicity.AtomicRenameTemporaryPath, atomicity.CommitFileTemporaryPath):
     orig = cls.finalize
@@ -65,7 +55,7 @@ _KILL_SCRIPT = textwrap.dedent("""
       print("FINALIZING", flush=True)
       time.sleep(600)
     cls.finalize = stalled
-  m.save(2, _state(2.0), {"pos": 2})
+  m.save(2, tiny_state(2.0), {"pos": 2})
   print("SAVE2_STARTED", flush=True)
   time.sleep(600)
 """)
@@ -100,7 +90,7 @@ def test_kill_9_during_async_save_keeps_the_previous_step(tmp_path):
 
 
 def _launch(workdir, steps, tag, n=2):
-  port = _free_port()
+  port = free_port()
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   logs = [open(f"{workdir}.{tag}.{i}.log", "w+") for i in range(n)]
   overrides = [o for o in OVERRIDES if not o.startswith(("--config.checkpoint.every",
@@ -135,7 +125,7 @@ def test_sigterm_to_one_process_saves_one_step_everywhere_and_resumes_exactly(tm
   template = _prepared_workdir(str(tmp_path / "template"), steps)
   ref = str(tmp_path / "ref")
   shutil.copytree(template, ref)
-  _finish(*_launch(ref, steps, "ref"))
+  finish(*_launch(ref, steps, "ref"))
   wd = str(tmp_path / "run")
   shutil.copytree(template, wd)
   # start-up and compile take minutes under heavy load
@@ -146,7 +136,7 @@ def test_sigterm_to_one_process_saves_one_step_everywhere_and_resumes_exactly(tm
   ckpts = sorted(int(e) for e in os.listdir(os.path.join(wd, "checkpoints")) if e.isdigit())
   assert ckpts == [saved[0]]
   assert not os.path.exists(os.path.join(wd, "hf"))
-  _finish(*_launch(wd, steps, "resume"))
+  finish(*_launch(wd, steps, "resume"))
   a, b = _weights(ref), _weights(wd)
   assert a.keys() == b.keys()
   for k in a:

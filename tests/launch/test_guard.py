@@ -14,7 +14,8 @@ from launch.trainer import guard
 from launch.trainer import metrics as metrics_lib
 from launch.trainer import step as step_lib
 from tests.launch import fault_helpers
-from tests.launch.test_train import _devices, _workdir, small_config, tokenizer_cache  # noqa: F401
+from tests.launch.train_helpers import copy_workdir, first_devices, small_config
+from tests.launch.train_helpers import tokenizer_cache  # noqa: F401  (a fixture)
 
 
 def _cfg(**kw):
@@ -82,9 +83,9 @@ def _poison_step(monkeypatch, bad_call):
 @pytest.mark.slow  # ~1 min under load; the select/check/save unit tests stay default
 def test_nan_step_skipped_and_counted(tmp_path, tokenizer_cache, monkeypatch):
   _poison_step(monkeypatch, 2)
-  wd = _workdir(tmp_path, "skip", tokenizer_cache)
+  wd = copy_workdir(tmp_path, "skip", tokenizer_cache)
   out = train.train_and_evaluate(small_config(train__nonfinite_policy="skip"), wd,
-                                 _devices(1))
+                                 first_devices(1))
   rec = {r["step"]: r for r in metrics_lib.read(wd) if r.get("split") == "train"}
   assert [rec[s]["skipped_nonfinite"] for s in range(1, 7)] == [0, 1, 0, 0, 0, 0]
   assert [rec[s]["skipped_total"] for s in range(1, 7)] == [0, 1, 1, 1, 1, 1]
@@ -99,10 +100,10 @@ def test_nan_step_skipped_and_counted(tmp_path, tokenizer_cache, monkeypatch):
 def test_nan_step_stops_before_any_checkpoint_holds_it(tmp_path, tokenizer_cache,
                                                       monkeypatch):
   _poison_step(monkeypatch, 2)
-  wd = _workdir(tmp_path, "stop", tokenizer_cache)
+  wd = copy_workdir(tmp_path, "stop", tokenizer_cache)
   config = small_config(train__nonfinite_policy="stop", train__log_every=5,
                         checkpoint__every=1, checkpoint__use_async=False)
   with pytest.raises(FloatingPointError, match="training stopped at step 2"):
-    train.train_and_evaluate(config, wd, _devices(1))
+    train.train_and_evaluate(config, wd, first_devices(1))
   steps = sorted(int(d) for d in os.listdir(os.path.join(wd, "checkpoints")) if d.isdigit())
   assert steps == [1]

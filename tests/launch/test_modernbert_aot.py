@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from tests.launch.test_aot import _run, libtpu  # noqa: F401 (fixture)
+from tests.launch.aot_helpers import run_aot
+from tests.launch.aot_helpers import libtpu  # noqa: F401  (a fixture)
 
 TINY = ["--config", "configs/modernbert.py:tiny", "--config.model.vocab_size=512",
         "--config.model.pad_token_id=0",
@@ -16,7 +17,7 @@ TINY = ["--config", "configs/modernbert.py:tiny", "--config.model.vocab_size=512
 @pytest.mark.slow
 def test_splash_local_and_global_layers_compile_for_v5p(libtpu, tmp_path):  # noqa: F811
   out = tmp_path / "aot.json"
-  p = _run(TINY + ["--topology", "v5p:2x2x1", "--global-batch", "8", "--seq", "512",
+  p = run_aot(TINY + ["--topology", "v5p:2x2x1", "--global-batch", "8", "--seq", "512",
                    "--mesh=2,1,2", "--config.model.attention_impl=splash",
                    "--config.model.scan_layers=true", "--config.model.remat_policy=full",
                    "--json", str(out)], libtpu)

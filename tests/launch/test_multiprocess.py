@@ -2,49 +2,18 @@
 run the real entry point: per-process data shards, one global batch, a shared checkpoint,
 and a resume."""
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 from launch.trainer import metrics as metrics_lib
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-OVERRIDES = ["--config.model.num_hidden_layers=1", "--config.model.hidden_size=32",
-             "--config.model.num_attention_heads=2", "--config.model.intermediate_size=64",
-             "--config.tokenizer.vocab_size=500", "--config.tokenizer.train_sentences=10000",
-             "--config.data.max_documents=60", "--config.data.eval_fraction=0.1",
-             "--config.data.seq_len=32",
-             "--config.data.global_batch=8", "--config.optimizer.warmup_steps=1",
-             "--config.train.log_every=1", "--config.train.eval_every=4",
-             "--config.train.eval_batches=1", "--config.checkpoint.every=2",
-             "--config.logging.plot=False"]
-
-
-def tiny_config(*extra):
-  """configs/bert.py:tiny with OVERRIDES, then `extra` ("--config.section.name=value"; a
-  later one wins) applied, as the command line would."""
-  from configs import bert
-  c = bert.get_config("tiny").unlock()
-  for o in [*OVERRIDES, *extra]:
-    key, value = o.removeprefix("--config.").split("=")
-    section, name = key.split(".")
-    kind = type(c[section][name])
-    c[section][name] = value == "True" if kind is bool else kind(value)
-  return c
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+from tests.launch.multiprocess_helpers import (OVERRIDES, ROOT, finish, free_port, preempt_one,
+                                               tiny_config)
 
 
 def _run(workdir, steps):
-  port = _free_port()
+  port = free_port()
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device each
   # Output goes to files: with pipes read one after the other, a full pipe would block
   # one process inside a collective and deadlock the other.
@@ -78,7 +47,7 @@ def test_two_processes_train_checkpoint_and_resume(tmp_path):
 
 def _launch(workdir, steps, tag, extra):
   """Two `launch.pretrain` processes (no wait); -> (processes, log files)."""
-  port = _free_port()
+  port = free_port()
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   logs = [open(f"{workdir}.{tag}.{i}.log", "w+") for i in range(2)]
   procs = [subprocess.Popen(
@@ -88,38 +57,6 @@ def _launch(workdir, steps, tag, extra):
        "--process_id", str(i)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
       for i, log in enumerate(logs)]
   return procs, logs
-
-
-def _finish(procs, logs):
-  texts = []
-  for p, log in zip(procs, logs):
-    p.wait(timeout=600)
-    log.seek(0)
-    text = log.read()
-    log.close()
-    assert p.returncode == 0, text[-3000:]
-    texts.append(text)
-  return texts
-
-
-def preempt_one(wd, procs, logs, timeout_s):
-  """Waits until the run in `wd` has logged step 3, sends SIGTERM to process 1 only, and
-  returns every process's log (each must exit 0)."""
-  deadline = time.time() + timeout_s
-  try:
-    while True:
-      done = [r["step"] for r in metrics_lib.read(wd) if r.get("split") == "train"] if \
-          os.path.exists(os.path.join(wd, metrics_lib.JSONL)) else []
-      if done and max(done) >= 3:
-        break
-      assert time.time() < deadline and all(p.poll() is None for p in procs)
-      time.sleep(0.05)
-  except BaseException:
-    for p in procs:
-      p.kill()
-    raise
-  procs[1].send_signal(signal.SIGTERM)
-  return _finish(procs, logs)
 
 
 @pytest.mark.slow  # a preprocessing run and three two-process runs: minutes under load
@@ -139,13 +76,13 @@ def test_two_processes_train_on_shards_sigterm_and_resume_bitwise(tmp_path):
   extra = ["--config.data.source=arrayrecord", f"--config.data.path={shards}",
            "--config.checkpoint.every=1000"]
   ref = str(tmp_path / "ref")
-  _finish(*_launch(ref, steps, "ref", extra))
+  finish(*_launch(ref, steps, "ref", extra))
   wd = str(tmp_path / "run")
   texts = preempt_one(wd, *_launch(wd, steps, "pre", extra), timeout_s=900)
   saved = [int(t.split("stop requested: checkpoint of step ")[1].split()[0]) for t in texts]
   assert saved[0] == saved[1] < steps, saved
   assert not os.path.exists(os.path.join(wd, "hf"))
-  _finish(*_launch(wd, steps, "resume", extra))
+  finish(*_launch(wd, steps, "resume", extra))
 
   def losses(workdir, split):
     return {r["step"]: r for r in metrics_lib.read(workdir) if r.get("split") == split}

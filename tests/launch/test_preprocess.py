@@ -14,7 +14,8 @@ from launch.data import arrayrecord
 from launch.data import badinput
 from launch.data import pipeline as pipeline_lib
 from launch.data import tokenization
-from tests.launch.data_helpers import assert_batches_equal, make_config, spm, spm_path, take  # noqa: F401
+from tests.launch.data_helpers import (assert_batches_equal, build_tiny_tfds, make_config,  # noqa: F401
+                                       spm, spm_path, take)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -222,8 +223,7 @@ def test_corrupt_record_is_replaced_by_a_readable_row_never_padding(spm, tmp_pat
 
 @pytest.mark.slow  # builds a TFDS dataset: over a minute under load
 def test_tfds_source_is_preprocessed(spm_path, tmp_path):
-  from tests.launch.test_data import _build_tiny_tfds
-  name = _build_tiny_tfds(str(tmp_path / "tfds"))
+  name = build_tiny_tfds(str(tmp_path / "tfds"))
   c = make_config(tokenizer_kind="sentencepiece", tokenizer_path=spm_path, source="tfds",
                   tfds_name=name, tfds_data_dir=str(tmp_path / "tfds"),
                   eval_split="validation", max_documents=-1, packing="documents")

@@ -11,8 +11,8 @@ from configs import bert as bert_configs
 from configs import electra as electra_configs
 from launch import trainer as train
 from launch.trainer import metrics as metrics_lib
-from tests.launch.test_train import _devices, _workdir, small_config
-from tests.launch.test_train import tokenizer_cache  # noqa: F401  (a fixture)
+from tests.launch.train_helpers import copy_workdir, first_devices, small_config
+from tests.launch.train_helpers import tokenizer_cache  # noqa: F401  (a fixture)
 
 
 def _electra(**overrides):
@@ -25,9 +25,9 @@ def _electra(**overrides):
 
 @pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
 def test_electra_rtd_trains_reports_and_exports(tmp_path, tokenizer_cache):  # noqa: F811
-  wd = _workdir(tmp_path, "electra", tokenizer_cache)
+  wd = copy_workdir(tmp_path, "electra", tokenizer_cache)
   c = _electra()
-  out = train.train_and_evaluate(c, wd, _devices(1))
+  out = train.train_and_evaluate(c, wd, first_devices(1))
   ev = out["eval"]
   for key in ("mlm_accuracy", "rtd_loss", "rtd_accuracy", "rtd_replaced_accuracy",
               "rtd_flagged_accuracy", "rtd_fraction_replaced", "rtd_all_original_accuracy"):
@@ -57,7 +57,7 @@ def test_electra_rtd_trains_reports_and_exports(tmp_path, tokenizer_cache):  # n
       np.asarray(jax.device_get(
           params["generator"]["embeddings"]["word_embeddings"]["embedding"])))
   from launch import rtd_eval
-  rep = rtd_eval.report(wd, _devices(1))
+  rep = rtd_eval.report(wd, first_devices(1))
   assert rep["step"] == 4 and 0 <= rep["auc"] <= 1
   np.testing.assert_allclose(rep["recall"], ev["rtd_replaced_accuracy"], atol=1e-6)
   np.testing.assert_allclose(rep["baseline_never_flag"]["accuracy"],
@@ -75,8 +75,8 @@ def test_bert_gdes_on_a_mesh_matches_one_device(tmp_path, tokenizer_cache):  # n
     c.model.heads = ("rtd",)
     c.data.packing = "documents"
     electra_configs.rtd_objective(c, "gdes", width=1.0, depth=0.5)
-    wd = _workdir(tmp_path, name, tokenizer_cache)
-    train.train_and_evaluate(c, wd, _devices(n))
+    wd = copy_workdir(tmp_path, name, tokenizer_cache)
+    train.train_and_evaluate(c, wd, first_devices(n))
     curves[name] = [r["rtd_loss"] for r in metrics_lib.read(wd) if r.get("split") == "train"]
   assert len(curves["one"]) == 3
   np.testing.assert_allclose(curves["mixed"], curves["one"], rtol=1e-4)

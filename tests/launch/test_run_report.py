@@ -11,7 +11,7 @@ from launch.trainer import devices as devices_lib
 from launch import trainer as train
 from launch.trainer import metrics as metrics_lib
 from launch.trainer import plotting, report
-from tests.launch.test_train import small_config
+from tests.launch.train_helpers import small_config
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """The trainer end to end on small runs: sharding equivalence on 8 fake CPU devices, exact
 resume, restore onto another mesh, metrics, and export."""
 import os
-import shutil
 import subprocess
 import sys
 
@@ -10,64 +9,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import bert as bert_configs
 from configs import roberta as roberta_configs
 from launch.perf import synthetic
 from launch import trainer as train
 from launch.trainer import metrics as metrics_lib
-
-
-def small_config(base=bert_configs, variant="tiny", **overrides):
-  c = base.get_config(variant).unlock()
-  c.model.num_hidden_layers = 2
-  c.model.hidden_size = 64
-  c.model.num_attention_heads = 2
-  c.model.intermediate_size = 128
-  c.tokenizer.vocab_size = 600
-  c.tokenizer.model_type = "unigram"  # every run shares the one cached tokenizer
-  c.tokenizer.train_sentences = 20_000
-  c.data.max_documents = 80
-  c.data.seq_len = 32
-  c.data.global_batch = 16
-  c.data.eval_fraction = 0.1
-  c.train.steps = 6
-  c.train.log_every = 1
-  c.train.eval_every = 3
-  c.train.eval_batches = 2
-  c.optimizer.warmup_steps = 2
-  c.optimizer.learning_rate = 1e-3
-  c.checkpoint.every = 3
-  c.mesh.shape = (1, 1, 1)
-  c.logging.plot = False
-  for key, value in overrides.items():
-    section, name = key.split("__")
-    c[section][name] = value
-  return c
-
-
-@pytest.fixture(scope="module")
-def tokenizer_cache(tmp_path_factory):
-  """Trains the small sentencepiece model once; runs copy it into their workdirs."""
-  d = tmp_path_factory.mktemp("template")
-  c = small_config()
-  from launch import data as data_lib
-  data_lib.make_pipeline(c, str(d))
-  return d
-
-
-def _workdir(tmp_path, name, cache):
-  wd = tmp_path / name
-  shutil.copytree(cache, wd)
-  return str(wd)
+from tests.encoders.minilm_helpers import minilm_dir
+from tests.launch.data_helpers import build_tiny_tfds
+from tests.launch.train_helpers import copy_workdir, first_devices, small_config
+from tests.launch.train_helpers import tokenizer_cache  # noqa: F401  (a fixture)
 
 
 def _train_losses(workdir, key="mlm_loss"):
   return {r["step"]: r[key] for r in metrics_lib.read(workdir)
           if r.get("split") == "train" and key in r}
-
-
-def _devices(n):
-  return jax.devices()[:n]
 
 
 @pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
@@ -87,8 +41,8 @@ def _check_layouts_match_one_device(tmp_path, tokenizer_cache, layouts):
   losses, gnorms = {}, {}
   for name, (shape, n) in runs.items():
     c = small_config(mesh__shape=shape, train__steps=4, checkpoint__every=100)
-    wd = _workdir(tmp_path, name, tokenizer_cache)
-    train.train_and_evaluate(c, wd, devices=_devices(n))
+    wd = copy_workdir(tmp_path, name, tokenizer_cache)
+    train.train_and_evaluate(c, wd, devices=first_devices(n))
     losses[name] = _train_losses(wd)
     nsp = _train_losses(wd, "nsp_loss")
     assert len(nsp) == 4
@@ -108,7 +62,7 @@ def test_params_are_really_sharded(tokenizer_cache):
   c = small_config(mesh__shape=(2, 2, 2))
   pipeline = data_lib.make_pipeline(c, str(tokenizer_cache))
   train.adopt_tokenizer(c, pipeline.tokenizer)
-  setup = train.build(c, pipeline.tokenizer, _devices(8))
+  setup = train.build(c, pipeline.tokenizer, first_devices(8))
   state = setup.init_state()
   q = state.params["encoder"]["encoder"]["layer_0"]["attention"]["query"]["kernel"]
   assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
@@ -124,13 +78,13 @@ def test_params_are_really_sharded(tokenizer_cache):
 
 
 def test_resume_is_bitwise_exact(tmp_path, tokenizer_cache):
-  full = _workdir(tmp_path, "full", tokenizer_cache)
-  train.train_and_evaluate(small_config(), full, _devices(1))
-  split = _workdir(tmp_path, "split", tokenizer_cache)
-  out = train.train_and_evaluate(small_config(), split, _devices(1), stop_after=3)
+  full = copy_workdir(tmp_path, "full", tokenizer_cache)
+  train.train_and_evaluate(small_config(), full, first_devices(1))
+  split = copy_workdir(tmp_path, "split", tokenizer_cache)
+  out = train.train_and_evaluate(small_config(), split, first_devices(1), stop_after=3)
   assert out["step"] == 3
   assert not os.path.exists(os.path.join(split, "hf"))  # not finished: nothing exported
-  train.train_and_evaluate(small_config(), split, _devices(1))  # a new call: restores step 3
+  train.train_and_evaluate(small_config(), split, first_devices(1))  # a new call: restores step 3
   a, b = _train_losses(full), _train_losses(split)
   assert sorted(a) == sorted(b) == list(range(1, 7))
   assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]  # bitwise
@@ -141,12 +95,12 @@ def test_resume_is_bitwise_exact(tmp_path, tokenizer_cache):
 
 @pytest.mark.slow  # ~1 min; test_resume_is_bitwise_exact stays in the default suite
 def test_restore_onto_another_mesh(tmp_path, tokenizer_cache):
-  ref = _workdir(tmp_path, "ref", tokenizer_cache)
-  train.train_and_evaluate(small_config(), ref, devices=_devices(1))
-  wd = _workdir(tmp_path, "moved", tokenizer_cache)
-  train.train_and_evaluate(small_config(mesh__shape=(8, 1, 1)), wd, devices=_devices(8),
+  ref = copy_workdir(tmp_path, "ref", tokenizer_cache)
+  train.train_and_evaluate(small_config(), ref, devices=first_devices(1))
+  wd = copy_workdir(tmp_path, "moved", tokenizer_cache)
+  train.train_and_evaluate(small_config(mesh__shape=(8, 1, 1)), wd, devices=first_devices(8),
                            stop_after=3)
-  out = train.train_and_evaluate(small_config(mesh__shape=(1, 4, 2)), wd, devices=_devices(8))
+  out = train.train_and_evaluate(small_config(mesh__shape=(1, 4, 2)), wd, devices=first_devices(8))
   q = out["state"].params["encoder"]["encoder"]["layer_0"]["attention"]["query"]["kernel"]
   assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
   a, b = _train_losses(ref), _train_losses(wd)
@@ -155,9 +109,9 @@ def test_restore_onto_another_mesh(tmp_path, tokenizer_cache):
 
 
 def test_outputs_metrics_and_export(tmp_path, tokenizer_cache):
-  wd = _workdir(tmp_path, "out", tokenizer_cache)
+  wd = copy_workdir(tmp_path, "out", tokenizer_cache)
   c = small_config(logging__plot=True)
-  out = train.train_and_evaluate(c, wd, _devices(1))
+  out = train.train_and_evaluate(c, wd, first_devices(1))
   records = metrics_lib.read(wd)
   evals = [r for r in records if r.get("split") == "eval"]
   assert [r["step"] for r in evals] == [3, 6]
@@ -191,11 +145,11 @@ def test_outputs_metrics_and_export(tmp_path, tokenizer_cache):
 
 @pytest.mark.slow  # default-suite time; the feature keeps a faster test by default
 def test_roberta_packed_documents_with_grad_accumulation(tmp_path, tokenizer_cache):
-  wd = _workdir(tmp_path, "acc2", tokenizer_cache)
+  wd = copy_workdir(tmp_path, "acc2", tokenizer_cache)
   c = small_config(roberta_configs, "base", optimizer__grad_accum_steps=2, train__steps=3)
   c.model.num_hidden_layers, c.model.hidden_size = 2, 64
   c.model.num_attention_heads, c.model.intermediate_size = 2, 128
-  train.train_and_evaluate(c, wd, _devices(1))
+  train.train_and_evaluate(c, wd, first_devices(1))
   losses = _train_losses(wd)
   assert sorted(losses) == [1, 2, 3] and all(np.isfinite(list(losses.values())))
   assert not _train_losses(wd, "nsp_loss")  # RoBERTa: no NSP
@@ -221,7 +175,7 @@ def test_grad_accumulation_gives_the_full_batch_gradient():
                    model__attention_probs_dropout_prob=0.0)
   c.model.vocab_size = 600
   tok = synthetic.SyntheticTokenizer.for_model(c.model)
-  setup = train.build(c, tok, _devices(1))
+  setup = train.build(c, tok, first_devices(1))
   state = setup.init_state()
   objective = setup.objective
   batch = jax.tree.map(jnp.asarray, _uneven_batch(objective))
@@ -252,7 +206,7 @@ def test_grad_accumulation_gives_the_full_batch_gradient():
   gnorm = {}
   for accum in (1, 4):
     c.optimizer.grad_accum_steps = accum
-    s = train.build(c, tok, _devices(1))
+    s = train.build(c, tok, first_devices(1))
     from launch.trainer import sharding
     _, sums = s.train_step(s.init_state(), sharding.global_batch(
         _uneven_batch(s.objective), s.batch_sharding))
@@ -266,7 +220,7 @@ def test_loss_counts_only_masked_real_tokens(tokenizer_cache):
   c = small_config()
   pipeline = data_lib.make_pipeline(c, str(tokenizer_cache))
   train.adopt_tokenizer(c, pipeline.tokenizer)
-  setup = train.build(c, pipeline.tokenizer, _devices(1))
+  setup = train.build(c, pipeline.tokenizer, first_devices(1))
   state = setup.init_state()
   batch = next(pipeline.train_iter())
   assert (batch["segment_ids"] == 0).any()  # the batch has padding
@@ -325,16 +279,15 @@ def test_cli_refuses_unknown_override(tmp_path):
 def test_trains_from_a_local_tfds_dataset(tmp_path, tokenizer_cache):
   """A TFDS dataset built here (ArrayRecord) trains through the same path a TFDS name
   from the catalog would take: tfds.data_source(name, data_dir=...)."""
-  from tests.launch.test_data import _build_tiny_tfds
   data_dir = tmp_path / "tfds"
-  name = _build_tiny_tfds(str(data_dir))
+  name = build_tiny_tfds(str(data_dir))
   c = small_config(data__source="tfds", data__tfds_name=name,
                    data__tfds_data_dir=str(data_dir), data__eval_split="validation",
                    data__global_batch=4, data__max_documents=-1, train__steps=3,
                    tokenizer__kind="sentencepiece",
                    tokenizer__path=str(tokenizer_cache / "tokenizer" / "spm.model"))
   wd = str(tmp_path / "run")
-  out = train.train_and_evaluate(c, wd, _devices(1))
+  out = train.train_and_evaluate(c, wd, first_devices(1))
   run = [r for r in metrics_lib.read(wd) if r.get("split") == "run"][0]
   assert run["data"]["train_documents"] == 30 and run["data"]["eval_documents"] == 4
   assert sorted(_train_losses(wd)) == [1, 2, 3]
@@ -403,7 +356,7 @@ def test_frozen_collections_get_no_optimizer_state_and_no_update(tmp_path):
   c.data.packing = "documents"
   c.mesh.shape = (2, 2, 2)  # frozen params are sharded like trained ones
   tok = synthetic.SyntheticTokenizer.for_model(c.model)
-  setup = train.build(c, tok, _devices(8))
+  setup = train.build(c, tok, first_devices(8))
   obj = setup.objective
   enc = obj.module_flops("encoder", 32)
   assert obj.flops_per_example(32) == pytest.approx(3 * enc + obj.module_flops("teacher", 32))
@@ -437,7 +390,6 @@ def test_frozen_collections_get_no_optimizer_state_and_no_update(tmp_path):
 def test_continued_pretraining_from_minilm(tmp_path):
   """`init_from`: continued MLM from the real all-MiniLM-L6-v2 checkpoint (a BertModel
   without an MLM head) on the default corpus, with the checkpoint's tokenizer."""
-  from tests.encoders.test_minilm import minilm_dir
   import encoders
   path = minilm_dir()
   c = small_config(objective__name="mlm", data__packing="documents", train__steps=2,
@@ -450,7 +402,7 @@ def test_continued_pretraining_from_minilm(tmp_path):
   assert (config.model.hidden_size, config.model.num_hidden_layers) == (384, 6)
   assert config.model.heads == ("mlm",) and config.model.vocab_size == 30522
   assert config.tokenizer.kind == "hf" and pipeline.tokenizer.vocab_size == 30522
-  setup = train.build(config, pipeline.tokenizer, _devices(1))
+  setup = train.build(config, pipeline.tokenizer, first_devices(1))
   state = setup.init_state()
   _, ref = encoders.from_hf(path)
   ours = state.params["encoder"]
@@ -467,7 +419,7 @@ def test_continued_pretraining_from_minilm(tmp_path):
     compared += 1
   assert compared > 90 and "mlm" in ours  # every encoder tensor; a fresh MLM head
 
-  out = train.train_and_evaluate(c, wd, _devices(1))
+  out = train.train_and_evaluate(c, wd, first_devices(1))
   losses = _train_losses(wd)
   assert sorted(losses) == [1, 2] and all(np.isfinite(list(losses.values())))
   assert np.isfinite(out["eval"]["mlm_loss"])
@@ -483,11 +435,11 @@ def test_albert_trains_with_sentence_order_prediction(tmp_path, tokenizer_cache)
   """ALBERT + SOP through the one trainer: the pair rows labelled for SOP, held-out MLM
   and SOP metrics with their baselines, an export transformers loads for pretraining."""
   from configs import albert as albert_configs
-  wd = _workdir(tmp_path, "albert", tokenizer_cache)
+  wd = copy_workdir(tmp_path, "albert", tokenizer_cache)
   c = small_config(albert_configs, "tiny", train__steps=3, train__eval_every=3)
   c.model.embedding_size = 32  # factorized: E != H
   c.tokenizer.lowercase = False  # share the cached test tokenizer
-  out = train.train_and_evaluate(c, wd, _devices(1))
+  out = train.train_and_evaluate(c, wd, first_devices(1))
   for key in ("mlm_loss", "mlm_accuracy", "sop_loss", "sop_accuracy"):
     assert np.isfinite(out["eval"][key]), key
   base = [r for r in metrics_lib.read(wd) if r.get("split") == "baseline"][0]

@@ -22,7 +22,8 @@ from launch.trainer import loop
 from launch.trainer import pretraining
 from launch.trainer import metrics as metrics_lib
 from tests.launch import fault_helpers
-from tests.launch.test_train import _devices, _workdir, small_config, tokenizer_cache  # noqa: F401
+from tests.launch.train_helpers import copy_workdir, first_devices, small_config
+from tests.launch.train_helpers import tokenizer_cache  # noqa: F401  (a fixture)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -44,9 +45,9 @@ def _snapshot(wd):
 @pytest.fixture(scope="module")
 def partial_run(tmp_path_factory, tokenizer_cache):  # noqa: F811
   """A run stopped at step 2 of 4 (a checkpoint, config.json, run_fingerprint.json)."""
-  wd = _workdir(tmp_path_factory.mktemp("partial"), "wd", tokenizer_cache)
+  wd = copy_workdir(tmp_path_factory.mktemp("partial"), "wd", tokenizer_cache)
   c = small_config(train__steps=4, checkpoint__every=2, train__eval_every=4)
-  out = train.train_and_evaluate(c, wd, _devices(1), stop_after=2)
+  out = train.train_and_evaluate(c, wd, first_devices(1), stop_after=2)
   assert out["step"] == 2
   return wd
 
@@ -86,7 +87,7 @@ def test_second_trainer_refused_while_another_process_holds_the_lock(partial_run
   try:
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(lock.WorkdirLocked, match=re.escape(f"pid {holder.pid} on host ")):
-      train.train_and_evaluate(_partial_config(), partial_run, _devices(1))
+      train.train_and_evaluate(_partial_config(), partial_run, first_devices(1))
   finally:
     holder.kill()
     holder.wait()
@@ -104,7 +105,7 @@ def test_a_users_directory_is_refused_before_anything_is_written(tmp_path):
   (wd / "notes.txt").write_text("my thesis")
   with pytest.raises(cli.ConfigError, match="non-empty directory this project did not "
                      "write") as e:
-    train.train_and_evaluate(small_config(), str(wd), _devices(1))
+    train.train_and_evaluate(small_config(), str(wd), first_devices(1))
   assert "\n" not in str(e.value)
   assert sorted(os.listdir(wd)) == ["notes.txt"]
 
@@ -153,7 +154,7 @@ def test_resume_with_another_architecture_is_refused_and_changes_nothing(partial
   c = _partial_config(model__hidden_act="relu", model__position_init="normal",
                       objective__mask_rate=0.2)
   with pytest.raises(cli.ConfigError) as e:
-    train.train_and_evaluate(c, partial_run, _devices(1))
+    train.train_and_evaluate(c, partial_run, first_devices(1))
   msg = str(e.value)
   assert "\n" not in msg
   assert 'model.hidden_act: "gelu" -> "relu"' in msg
@@ -171,7 +172,7 @@ def test_refused_size_change_leaves_config_json_alone(partial_run):
   c = _partial_config(model__hidden_size=32, model__intermediate_size=64)
   with pytest.raises(cli.ConfigError, match=r"model.hidden_size: 64 -> 32; "
                      r"model.intermediate_size: 128 -> 64\. Use a new --workdir"):
-    train.train_and_evaluate(c, partial_run, _devices(1))
+    train.train_and_evaluate(c, partial_run, first_devices(1))
   assert _snapshot(partial_run) == before  # config.json included
 
 
@@ -195,7 +196,7 @@ def test_allowed_change_resumes_and_is_recorded(partial_run, tmp_path):
   shutil.copytree(partial_run, wd)
   c = _partial_config(model__hidden_act="relu", train__allow_config_change="model.hidden_act",
                       train__steps=5)
-  out = train.train_and_evaluate(c, wd, _devices(1))
+  out = train.train_and_evaluate(c, wd, first_devices(1))
   assert out["step"] == 5
   record = fp_lib.read(wd)
   assert record["fingerprint"]["model.hidden_act"] == "relu"
@@ -225,7 +226,7 @@ def test_cli_refuses_a_users_directory_in_one_line_with_exit_2(tmp_path):
 def test_allow_config_change_with_an_unknown_key_is_refused(tmp_path):
   with pytest.raises(cli.ConfigError, match="train.allow_config_change names 'modle.x'"):
     train.train_and_evaluate(small_config(train__allow_config_change="modle.x"),
-                             str(tmp_path / "wd"), _devices(1))
+                             str(tmp_path / "wd"), first_devices(1))
 
 
 # ---------------------------------------------------------------------- start-up checks
@@ -266,7 +267,7 @@ def test_allow_config_change_with_an_unknown_key_is_refused(tmp_path):
 def test_every_enum_and_rate_is_checked_before_data_work(tmp_path, overrides, expected):
   wd = tmp_path / "wd"
   with pytest.raises(cli.ConfigError, match=re.escape(expected)) as e:
-    train.train_and_evaluate(small_config(**overrides), str(wd), _devices(1))
+    train.train_and_evaluate(small_config(**overrides), str(wd), first_devices(1))
   assert "\n" not in str(e.value)
   assert not wd.exists()  # no tokenizer trained, no data cached, nothing written
 
@@ -287,7 +288,7 @@ def test_objective_specific_settings_are_checked_at_start_up():
     c.mesh.shape = (1, 1, 1)
     c.objective[key] = value
     with pytest.raises(cli.ConfigError, match=re.escape(expected)):
-      checks.check(c, _devices(1))
+      checks.check(c, first_devices(1))
   from configs.ablations import electra as electra_ablations
   for setting, key, value, expected in [
       ("replace_mlm", "mlm_targets", "some", "objective.mlm_targets='some'"),
@@ -296,10 +297,10 @@ def test_objective_specific_settings_are_checked_at_start_up():
   ]:
     c = electra_ablations.get_config(f"tiny,setting={setting}").unlock()
     c.mesh.shape = (1, 1, 1)
-    checks.check(c, _devices(1))  # the shipped setting passes
+    checks.check(c, first_devices(1))  # the shipped setting passes
     c.objective[key] = value
     with pytest.raises(cli.ConfigError, match=re.escape(expected)):
-      checks.check(c, _devices(1))
+      checks.check(c, first_devices(1))
 
 
 # ---------------------------------------------------------------------- divergence
@@ -312,12 +313,12 @@ def _poison_from(monkeypatch, first_bad):
 def test_consecutive_skips_stop_the_run_and_are_shown(tmp_path, tokenizer_cache,  # noqa: F811
                                                       monkeypatch):
   _poison_from(monkeypatch, 3)
-  wd = _workdir(tmp_path, "diverge", tokenizer_cache)
+  wd = copy_workdir(tmp_path, "diverge", tokenizer_cache)
   c = small_config(train__nonfinite_policy="skip", train__max_consecutive_skips=3,
                    train__steps=8, train__eval_every=100, checkpoint__every=100)
   with pytest.raises(guard.Diverged, match=r"training stopped at step 5: 3 updates in a "
                      r"row were skipped \(steps 3\.\.5"):
-    train.train_and_evaluate(c, wd, _devices(1))
+    train.train_and_evaluate(c, wd, first_devices(1))
   assert not os.path.exists(os.path.join(wd, "hf"))
   rec = {r["step"]: r for r in metrics_lib.read(wd) if r.get("split") == "train"}
   assert rec[2]["skipped_steps"] == 0 and np.isfinite(rec[2]["mlm_loss"])
@@ -428,7 +429,7 @@ def test_config_json_written_only_once_accepted(tmp_path):
   (wd / "checkpoints").mkdir()
   (wd / "data.csv").write_text("1,2")
   with pytest.raises(cli.ConfigError):
-    train.train_and_evaluate(small_config(), str(wd), _devices(1))
+    train.train_and_evaluate(small_config(), str(wd), first_devices(1))
   assert not (wd / "config.json").exists() and not (wd / lock.LOCK_FILE).exists()
 
 

@@ -15,8 +15,8 @@ import objectives
 from configs.ablations import electra as ablations
 from launch.perf import synthetic
 from objectives import losses, rtd_mlm
-from tests.launch import test_train as tt
-from tests.launch.test_train import tokenizer_cache  # noqa: F401  (a fixture)
+from tests.launch.train_helpers import copy_workdir, small_config
+from tests.launch.train_helpers import tokenizer_cache  # noqa: F401  (a fixture)
 
 
 def _ablation(setting, seq=32):
@@ -155,8 +155,8 @@ def test_bad_replaced_mlm_settings_are_refused():
 @pytest.mark.slow  # the objective's step is covered fast above; this is the trainer's run
 def test_all_tokens_mlm_trains_with_the_trainer_and_exports(tmp_path, tokenizer_cache):  # noqa: F811
   from launch import trainer as train
-  wd = tt._workdir(tmp_path, "atm", tokenizer_cache)
-  c = tt.small_config(ablations, "tiny,setting=all_tokens_mlm", train__steps=2,
+  wd = copy_workdir(tmp_path, "atm", tokenizer_cache)
+  c = small_config(ablations, "tiny,setting=all_tokens_mlm", train__steps=2,
                       train__eval_every=2)
   c.model.embedding_size = 32
   c.model.num_attention_heads = 2
