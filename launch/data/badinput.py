@@ -82,10 +82,6 @@ class BadData:
                   " (further ones of this kind are only counted)"
                   if self.counts[kind] == WARN_FIRST else "")
 
-  def merge(self, counts: dict) -> None:
-    for k, v in counts.items():
-      self.counts[k] = self.counts.get(k, 0) + int(v)
-
   @property
   def total(self) -> int:
     return sum(self.counts.values())
