@@ -135,12 +135,13 @@ def padded_vocab_size(cfg) -> int:
   return -(-cfg.vocab_size // m) * m
 
 
-def _is_concrete(x) -> bool:
+def is_concrete(x) -> bool:
+  """True for a value (checkable on the host), False for a traced one."""
   return not isinstance(x, jax.core.Tracer)
 
 
 def _check_range(name: str, x, low: int, high: int, what: str):
-  if x is None or not _is_concrete(x) or x.size == 0:
+  if x is None or not is_concrete(x) or x.size == 0:
     return
   arr = np.asarray(x)
   lo, hi = int(arr.min()), int(arr.max())
@@ -198,7 +199,7 @@ def validate_inputs(cfg, input_ids, attention_mask=None, token_type_ids=None,
 
 
 def _all_concrete(*xs) -> bool:
-  return all(x is None or _is_concrete(x) for x in xs)
+  return all(x is None or is_concrete(x) for x in xs)
 
 
 def _outside(x, low: int, high: int):

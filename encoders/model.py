@@ -162,7 +162,7 @@ class Encoder(nn.Module):
         pos = masked_positions.astype(jnp.int32)
         h = jnp.take_along_axis(mlm_x, pos[..., None], axis=1)
         # a position outside [0, T) (refused eagerly) is NaN, not a wrapped -1 -> T-1
-        wrong = None if base._is_concrete(masked_positions) else (pos < 0) | (
+        wrong = None if base.is_concrete(masked_positions) else (pos < 0) | (
             pos >= mlm_x.shape[1])
         out["mlm_logits"] = base.poison(self.mlm(h, self.embeddings.attend), wrong)
     if self._needs("rtd"):

@@ -43,14 +43,16 @@ PAIR_OBJECTIVE = {"nsp": "mlm_nsp", "sop": "mlm_sop"}
 PAIR_HEADS = ("nsp", "sop")
 
 
-def _json(path, default=None):
+def read_json(path, default=None):
+  """The JSON file at `path`, or `default` when there is none."""
   if not os.path.isfile(path):
     return default
   with open(path) as f:
     return json.load(f)
 
 
-def _write_json(path, payload):
+def write_json(path, payload):
+  """Writes `payload` to `path` atomically (a temporary file renamed over it)."""
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
     json.dump(payload, f, indent=2, default=float)
@@ -71,11 +73,11 @@ class Timer:
 
   def __init__(self, arm_dir):
     self.path = os.path.join(arm_dir, "timing.json")
-    self.times = _json(self.path, {})
+    self.times = read_json(self.path, {})
 
   def add(self, phase, seconds):
     self.times[phase] = self.times.get(phase, 0.0) + seconds
-    _write_json(self.path, self.times)
+    write_json(self.path, self.times)
 
 
 # ---- FLOPs ----------------------------------------------------------------------------
@@ -218,7 +220,7 @@ def finetune_config(ft, init_from, data_file, seed):
 
 
 def finetune_seed(ft, init_from, data_file, seed, ft_dir) -> dict:
-  done = _json(os.path.join(ft_dir, "results.json"))
+  done = read_json(os.path.join(ft_dir, "results.json"))
   if done is None:
     done = finetune.run(finetune_config(ft, init_from, data_file, seed), ft_dir)
   last = done["history"][-1]
@@ -276,19 +278,19 @@ def run(study, arm, workdir, steps=None) -> dict:
     path = os.path.join(arm_dir, f"pair_{task}.json")
     if not head:
       continue
-    res = _json(path)
+    res = read_json(path)
     own = (config.data.packing == "pairs" and config.data.get("pair_task") == task
            and config.objective.name == PAIR_OBJECTIVE[task])
     if res is None and own and final.get(f"{task}_accuracy") is not None:
       # The arm's own task: the trainer's final eval already scored these pairs.
       res = {"task": task, "head": head, "accuracy": final[f"{task}_accuracy"],
              "count": final.get(f"{task}_count"), "from": "pretraining eval"}
-      _write_json(path, res)
+      write_json(path, res)
     if res is None:
       t0 = time.perf_counter()
       res = pair_accuracy(config, pretrain_dir, task)
       timer.add("pair_eval_s", time.perf_counter() - t0)
-      _write_json(path, res)
+      write_json(path, res)
     row[f"pair_on_{task}"] = res["accuracy"]
     row[f"pair_on_{task}_count"] = res["count"]
   ft = ev.get("finetune", None)
@@ -310,5 +312,5 @@ def run(study, arm, workdir, steps=None) -> dict:
                downstream_seeds=[float(x) for x in acc])
   row["timing"] = dict(timer.times)
   row["wall_s"] = float(sum(timer.times.values()))
-  _write_json(os.path.join(arm_dir, "result.json"), row)
+  write_json(os.path.join(arm_dir, "result.json"), row)
   return row

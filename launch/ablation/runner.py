@@ -55,7 +55,7 @@ class State:
 
   def __init__(self, workdir, study):
     self.path = os.path.join(workdir, "study.json")
-    self.data = arm_lib._json(self.path, None) or {"study": study.name, "arms": {}}
+    self.data = arm_lib.read_json(self.path, None) or {"study": study.name, "arms": {}}
     if self.data.get("study") != study.name:
       raise study_lib.StudyError(f"{workdir} holds study {self.data.get('study')!r}, not "
                                  f"{study.name!r}: use another --workdir")
@@ -64,7 +64,7 @@ class State:
     rec = self.data["arms"].setdefault(arm, {})
     rec.update(status=status, **extra)
     rec[f"{status}_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    arm_lib._write_json(self.path, self.data)
+    arm_lib.write_json(self.path, self.data)
 
 
 def _arm_steps(study, arm, workdir):
@@ -72,7 +72,7 @@ def _arm_steps(study, arm, workdir):
   ref = study.arms[arm].get("match_flops_of", "")
   if not ref:
     return None
-  done = arm_lib._json(os.path.join(workdir, "arms", ref, "result.json"))
+  done = arm_lib.read_json(os.path.join(workdir, "arms", ref, "result.json"))
   if done is None:
     return -1  # not known yet
   per_step = arm_lib.step_flops(study_lib.arm_config(study, arm))
@@ -101,7 +101,7 @@ def claim(study, arm, workdir, steps):
 def rows_of(study, workdir):
   out = []
   for arm in study_lib.arm_names(study):
-    r = arm_lib._json(os.path.join(workdir, "arms", arm, "result.json"))
+    r = arm_lib.read_json(os.path.join(workdir, "arms", arm, "result.json"))
     if r is not None:
       out.append(r)
   return out

@@ -113,7 +113,8 @@ def parse_mesh(text: str):
   return shape
 
 
-def _cost(compiled) -> Dict[str, float]:
+def xla_cost(compiled) -> Dict[str, float]:
+  """XLA's cost analysis of a compiled program as one dict (flops, optimal_seconds, ...)."""
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else {}
@@ -210,7 +211,7 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
       "aliased": int(m.alias_size_in_bytes), "temporaries": int(m.temp_size_in_bytes),
       "code": int(m.generated_code_size_in_bytes), "total": int(used)}
   report["fits"] = bool(used <= capacity)
-  cost = _cost(compiled)
+  cost = xla_cost(compiled)
   model_flops = global_batch * setup.objective.flops_per_example(seq)
   report["model_flops_per_step"] = model_flops
   report["model_flops_per_device"] = model_flops / len(devices)
@@ -309,7 +310,7 @@ def _price(setup, batch):
   program has a while loop, and its HLO text."""
   compiled = setup.train_step.lower(setup.abstract_state, batch).compile()
   hlo = compiled.as_text() or ""
-  return _optimal_seconds(_cost(compiled), hlo), _has_loop(hlo), hlo
+  return _optimal_seconds(xla_cost(compiled), hlo), _has_loop(hlo), hlo
 
 
 def _estimate_without_transform(setup, batch):

@@ -51,7 +51,7 @@ _CALL = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+custom-call\((.*
 
 
 def hbm_bandwidth(device_kind: str) -> Optional[float]:
-  return devices_lib._lookup(HBM_BYTES_PER_S, device_kind)
+  return devices_lib.lookup(HBM_BYTES_PER_S, device_kind)
 
 
 def _shapes(text: str) -> List[Tuple[str, Tuple[int, ...]]]:

@@ -34,7 +34,8 @@ HBM_GIB = {
 _CPU_PEAK = {}
 
 
-def _lookup(table, device_kind: str):
+def lookup(table, device_kind: str):
+  """`table`'s value for a device kind (the longest name it starts with or contains)."""
   for name, value in sorted(table.items(), key=lambda kv: -len(kv[0])):
     if device_kind.startswith(name) or name in device_kind:
       return value
@@ -145,7 +146,7 @@ def cpu_peak_flops(dtype="float32", path=None, measure=None) -> float:
 
 def chip_peak_flops(device_kind: str) -> float:
   """Published dense bf16 peak of a TPU/GPU chip by `device_kind`; 0.0 when unknown."""
-  return _lookup(PEAK_BF16, device_kind) or 0.0
+  return lookup(PEAK_BF16, device_kind) or 0.0
 
 
 def peak_flops(device, dtype: str = "float32") -> float:
@@ -158,7 +159,7 @@ def peak_flops(device, dtype: str = "float32") -> float:
 
 def hbm_per_chip(device_kind: str) -> Optional[float]:
   """HBM bytes of one chip by `device_kind`; None when unknown."""
-  gib = _lookup(HBM_GIB, device_kind)
+  gib = lookup(HBM_GIB, device_kind)
   return None if gib is None else gib * 2**30
 
 

@@ -151,7 +151,7 @@ print("SEEN", seen)
 d0 = SingleDeviceSharding(devices[0])
 args = [jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=d0) for s in ((16384, 768), (768, 768))]
 for opts in (None, trainer.compiler_options(c, "tpu")):
-  cost = aot._cost(jax.jit(lambda x, w: x @ w).lower(*args).compile(compiler_options=opts))
+  cost = aot.xla_cost(jax.jit(lambda x, w: x @ w).lower(*args).compile(compiler_options=opts))
   print("PRICE", cost["optimal_seconds"])
 """
   env = dict(os.environ, TPU_LIBRARY_PATH=libtpu, XLA_FLAGS="")
@@ -246,7 +246,7 @@ args = [jax.ShapeDtypeStruct(s, bf, sharding=d0)
         for s in ((16384, 768), (768, 3072), (3072, 768), (16384, 768))]
 c = jax.jit(f).lower(*args).compile()
 hlo = c.as_text()
-cost = aot._cost(c)
+cost = aot.xla_cost(c)
 print(cost["optimal_seconds"], aot.free_custom_calls(hlo), aot._optimal_seconds(cost, hlo))
 """
   env = dict(os.environ, TPU_LIBRARY_PATH=libtpu, XLA_FLAGS="")

@@ -116,7 +116,7 @@ def measure_tpu(topology, batch, seq, names):
                         args)
     t0 = time.perf_counter()
     compiled = step.lower(*args).compile()
-    cost = aot._cost(compiled)
+    cost = aot.xla_cost(compiled)
     est = cost.get("optimal_seconds")
     rows.append({"formulation": name, "topology": topology, "device_kind": kind,
                  "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes),
