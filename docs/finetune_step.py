@@ -25,7 +25,7 @@ def main():
   from launch.trainer import hostmem
   hostmem.tune_malloc()  # as launch.finetune (before JAX starts)
   import numpy as np
-  from tests.encoders.test_minilm import minilm_dir
+  from tests.encoders.minilm_helpers import minilm_dir
   path = a.model or minilm_dir()
   rng = np.random.RandomState(0)
   ids = rng.randint(1000, 30000, (a.batch, a.seq)).astype(np.int32)
@@ -38,7 +38,8 @@ def main():
   import jax
   import objectives
   from configs import finetune as finetune_configs
-  from launch import finetune, trainer
+  from launch import trainer
+  from launch.trainer import finetuning
   from launch.data import finetune_data as fd
   from launch.trainer import sharding as shard_lib
   c = finetune_configs.get_config("sequence").unlock()
@@ -46,7 +47,7 @@ def main():
   c.data.seq_len, c.data.global_batch, c.train.steps = a.seq, a.batch, 1000
   c.optimizer.learning_rate, c.optimizer.clip_norm = 1e-4, 1.0
   objectives.prepare_config(c)
-  setup = trainer.build(c, finetune._TokenizerInfo(fd.load_tokenizer(path), 0))
+  setup = trainer.build(c, finetuning.TokenizerInfo(fd.load_tokenizer(path), 0))
   state = setup.init_state()
   device_batch = shard_lib.global_batch(batch, setup.batch_sharding)
 

@@ -7,7 +7,7 @@ import pytest
 import transformers as T
 
 from encoders import pipelines
-from tests.encoders import test_task_heads as TH
+from tests.encoders import task_helpers as TH
 from tests.launch import finetune_helpers as fh
 
 TEXTS = ["the movie was really good", "john visited paris with mary .",
@@ -162,7 +162,7 @@ def test_embed_and_search_match_mean_pooling_and_buckets_reuse_programs(tmp_path
 def test_embed_minilm_matches_sentence_transformers():
   from sentence_transformers import SentenceTransformer
 
-  from tests.encoders.test_minilm import SENTENCES, minilm_dir
+  from tests.encoders.minilm_helpers import SENTENCES, minilm_dir
   path = minilm_dir()
   ours = pipelines.embed(pipelines.load(path), SENTENCES)
   theirs = SentenceTransformer(path, device="cpu").encode(SENTENCES)

@@ -28,7 +28,7 @@ import numpy as np
 
 import objectives
 from launch import cli
-from launch import finetune
+from launch.trainer import finetuning
 from launch import trainer
 from launch.ablation import study as study_lib
 from launch.data import finetune_data as fd
@@ -222,7 +222,7 @@ def finetune_config(ft, init_from, data_file, seed):
 def finetune_seed(ft, init_from, data_file, seed, ft_dir) -> dict:
   done = read_json(os.path.join(ft_dir, "results.json"))
   if done is None:
-    done = finetune.run(finetune_config(ft, init_from, data_file, seed), ft_dir)
+    done = finetuning.run(finetune_config(ft, init_from, data_file, seed), ft_dir)
   last = done["history"][-1]
   return {"seed": int(seed), "accuracy": last["accuracy"], "macro_f1": last.get("macro_f1"),
           "best_accuracy": done["best"]["metrics"]["accuracy"],

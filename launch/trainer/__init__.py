@@ -5,6 +5,7 @@
   loop.py        the one loop: checks, claim, resume or init, metrics, evals,
                  checkpoints, SIGTERM, export; a Job says what is trained and evaluated
   pretraining.py the pretraining job (data pipeline, held-out eval, export, demo)
+  finetuning.py  the fine-tuning job (labelled rows in epochs, eval per epoch, best/)
   optim.py       Optax optimizers and schedules
   sharding.py    mesh, logical-axis rules, shardings, MeshJit
   checkpoint.py  Orbax checkpoints of the state and the data iterator

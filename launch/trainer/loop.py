@@ -1,6 +1,6 @@
 """The one training loop: checks, the work directory's claim, resume or init, steps,
 metrics, evaluations, checkpoints, SIGTERM, export. Pretraining (pretraining.py), fine-
-tuning (launch/finetune.py) and the ablation runner's stages all run through
+tuning (finetuning.py) and the ablation runner's stages all run through
 `train_and_evaluate`; what differs is a `Job`: the batches, the evaluation and the export.
 The loop never names an objective, a task or a batch key."""
 import json
@@ -216,7 +216,7 @@ def claim(config, workdir: str, fp: dict, job: Optional[Job] = None):
 def train_and_evaluate(config, workdir: str, job: Job, devices=None,
                        stop_after: Optional[int] = None, phases=None) -> Dict[str, Any]:
   """Runs (or resumes) the run `job` describes (pretraining.PretrainJob: the config's
-  data; launch/finetune.py: labelled rows) in `workdir` on `devices` (default: all);
+  data; finetuning.FinetuneJob: labelled rows) in `workdir` on `devices` (default: all);
   `stop_after` ends the run early at that step with a checkpoint, as a preemption would;
   `phases` (phases.py) times the parts of the step body.
   Returns {"state", "eval" (the last evaluation), "setup", "step", "stopped"}.

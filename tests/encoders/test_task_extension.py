@@ -17,6 +17,7 @@ from encoders import pipelines, tasks
 from encoders.hf import tasks as tasks_hf
 from encoders.tasks import base as tasks_base
 from launch import finetune
+from launch.trainer import finetuning
 from tests.encoders import toy_task
 from tests.launch import finetune_helpers as fh
 
@@ -93,7 +94,7 @@ def test_a_selection_metric_the_task_does_not_score_is_one_line(tmp_path, toy):
   c.finetune.train_file, c.finetune.selection_metric = str(tmp_path / "t.txt"), "accuracy"
   with pytest.raises(ValueError, match="selection_metric='accuracy' is not a metric of "
                                        "the 'toy_place' task; choose from .'hit_rate',."):
-    finetune.validate(c)
+    finetuning.validate(c)
 
 
 def test_no_shared_file_names_a_task():

@@ -13,6 +13,7 @@ from configs import finetune as finetune_configs
 from encoders import outdir
 from launch import cli
 from launch import finetune
+from launch.trainer import finetuning
 from launch.data import badinput
 from launch.data import finetune_data as fd
 from launch.trainer import lock as lock_lib
@@ -333,7 +334,7 @@ def test_each_bad_setting_is_refused_up_front(tmp_path, bert, task, key, value, 
   train = _csv(tmp_path / "t.csv", GOOD)
   c = _config(task, bert, train_file=train, **{key: value})
   with pytest.raises(cli.ConfigError, match=match):
-    finetune.validate(c)
+    finetuning.validate(c)
 
 
 # ---- the work directory -----------------------------------------------------------------
@@ -352,7 +353,7 @@ def test_a_users_non_empty_directory_is_refused_and_untouched(tmp_path, bert):
 def test_a_users_files_in_hf_of_our_workdir_are_refused_before_training(tmp_path, bert):
   c = _config("sequence", bert, train_file=_csv(tmp_path / "t.csv", GOOD * 3))
   work = tmp_path / "run"
-  outdir.claim_dir(str(work), finetune.WRITER)
+  outdir.claim_dir(str(work), finetuning.WRITER)
   (work / "hf").mkdir()
   (work / "hf" / "notes.txt").write_text("mine")
   with pytest.raises(outdir.OutputDirError, match="hf/ export"):
@@ -367,7 +368,7 @@ def test_an_earlier_versions_workdir_is_accepted_as_ours(tmp_path):
   (work / "best.json").write_text("{}")
   (work / "best").mkdir()
   (work / "best" / "config.json").write_text("{}")
-  handle, _ = loop.claim(None, str(work), {}, finetune.FinetuneJob())
+  handle, _ = loop.claim(None, str(work), {}, finetuning.FinetuneJob())
   lock_lib.release(handle)
   assert outdir.is_ours(str(work)) and outdir.is_ours(str(work / "best"))
 
@@ -375,7 +376,7 @@ def test_an_earlier_versions_workdir_is_accepted_as_ours(tmp_path):
 def test_a_second_finetune_on_a_locked_workdir_is_refused(tmp_path, bert):
   from launch.trainer import lock as lock_lib
   c = _config("sequence", bert, train_file=_csv(tmp_path / "t.csv", GOOD * 3))
-  work = outdir.claim_dir(str(tmp_path / "run"), finetune.WRITER)
+  work = outdir.claim_dir(str(tmp_path / "run"), finetuning.WRITER)
   with lock_lib.hold(work):
     with pytest.raises(lock_lib.WorkdirLocked, match=f"pid {os.getpid()}"):
       finetune.run(c, work)
@@ -539,9 +540,9 @@ def test_a_resume_on_other_training_data_or_settings_is_refused(tmp_path, bert):
 
 def test_a_nan_epoch_metric_never_stays_the_best():
   nan = float("nan")
-  assert finetune._better(nan, None)  # the first epoch is the best so far, whatever it is
-  assert finetune._better(0.1, nan) and not finetune._better(nan, 0.1)
-  assert finetune._better(0.5, 0.4) and not finetune._better(0.4, 0.4)
+  assert finetuning.better(nan, None)  # the first epoch is the best so far, whatever it is
+  assert finetuning.better(0.1, nan) and not finetuning.better(nan, 0.1)
+  assert finetuning.better(0.5, 0.4) and not finetuning.better(0.4, 0.4)
 
 
 def test_regression_with_one_eval_row_is_refused_before_training(tmp_path, bert):
