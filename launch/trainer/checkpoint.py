@@ -57,9 +57,12 @@ class Manager:
 
   def save(self, step: int, state, data_state: dict):
     guard.assert_finite(state, step)  # a checkpoint holding NaN/inf is never written
-    self.mngr.save(step, args=ocp.args.Composite(
+    saved = self.mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=grain.checkpoint.CheckpointSave(_IteratorSnapshot(data_state))))
+    if not saved:  # never a run that says it saved when Orbax declined
+      raise RuntimeError(f"the checkpoint of step {step} was not written (the newest is "
+                         f"step {self.mngr.latest_step()}); {self.mngr.directory}")
 
   def restore_latest(self, abstract_state):
     """-> (state placed on abstract_state's shardings, data iterator state) or None.

@@ -344,8 +344,10 @@ def _run(config, workdir, devices, stop_after, phases, fp, accepted, job) -> Dic
         state, sums = setup.train_step(state, batch)
       ph.step_dispatched(step)
       pending.append(sums)  # device arrays; fetched only when logging (no per-step sync)
-      stop.poll(step)
-      stopping = stop.requested or step == last
+      # One reading of the flag per step: a SIGTERM that lands later in this step is
+      # seen at the next one, never between the save decision and the exit.
+      stop_now = stop.poll(step)
+      stopping = stop_now or step == last
       if step % config.train.log_every == 0 or step == total_steps or (stopping and pending):
         with ph("device_wait"):
           jax.block_until_ready(pending)
@@ -367,7 +369,7 @@ def _run(config, workdir, devices, stop_after, phases, fp, accepted, job) -> Dic
         guard_lib.check_pending(pending, config.train, step, progress.last_step)
         with ph("checkpoint"):
           manager.save(step, state, train_iter.get_state())
-      if stop.requested:
+      if stop_now:
         log.info("stop requested: checkpoint of step %d saved, exiting", step)
         break
   finally:

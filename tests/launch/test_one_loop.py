@@ -5,6 +5,7 @@ time, and trained tokens that never count the rows that only fill a batch."""
 import inspect
 import json
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -108,3 +109,23 @@ def test_eval_lines_show_every_score():
   assert line.startswith("[eval] step 9  epoch 3")
   for part in ("entity_f1 0.5000", "token_accuracy 0.7500", "pearson 0.2500"):
     assert part in line
+
+
+def test_a_sigterm_after_a_steps_poll_stops_at_the_next_step_with_its_checkpoint(
+    tmp_path, bert, monkeypatch):
+  """The flag is read once per step: a SIGTERM landing while step 2 is logged is seen at
+  step 3, which is saved before the run stops (never "saved" without a checkpoint)."""
+  c = _config(bert, _rows(tmp_path, 30), epochs=2)  # 3 steps per epoch, a log every 2
+  real = metrics_lib.MetricWriter.write
+
+  def write(self, step, split, metrics):
+    real(self, step, split, metrics)
+    if split == "train" and step == 2:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write)
+  work = tmp_path / "run"
+  part = finetune.run(c, str(work))
+  assert part["stopped"] and part["step"] == 3
+  assert [p for p in os.listdir(work / "checkpoints") if p.isdigit()] == ["3"]
+  assert [h["epoch"] for h in part["history"]] == [1]
