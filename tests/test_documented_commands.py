@@ -869,9 +869,10 @@ def run_command(cmd):
   return out
 
 
-def _same_key(argv):
-  """Commands equal after the tiny overrides (flags in any order; a report's --json
-  file aside) run once: a doc's repeated measurement."""
+def _same_key(argv, doc):
+  """Commands of one doc equal after the tiny overrides (flags in any order; a report's
+  --json file aside) run once: a doc's repeated measurement. The same command in another
+  doc runs again: it runs in that doc's area, where its relative paths point."""
   words, skip = [], False
   for w in argv:
     if skip or w.startswith("--json="):
@@ -881,7 +882,7 @@ def _same_key(argv):
       skip = True
       continue
     words.append(w)
-  return ("argv", tuple(sorted(words)))
+  return ("argv", area(doc), tuple(sorted(words)))
 
 
 def _run(cmd):
@@ -895,7 +896,7 @@ def _run(cmd):
       pytest.fail(f"{cmd.id}: {part!r}: {what}")
     ctx = {"doc": cmd.doc, "slug": slug}
     key, argv = _prepare(cmd, part, ctx)
-    same = _RESULTS.get(_same_key(argv))
+    same = _RESULTS.get(_same_key(argv, cmd.doc))
     if same:  # the very same command (a doc's repeated run): it passed as `same`
       outputs.append(f"(same command as {same})")
       continue
@@ -903,7 +904,7 @@ def _run(cmd):
     out = _check_run(argv, area(cmd.doc), extra, cmd.id)
     if "--help" not in argv:
       CHECKS.get(key, lambda *a: None)(argv, out, cmd, area(cmd.doc))
-    _RESULTS[_same_key(argv)] = cmd.id
+    _RESULTS[_same_key(argv, cmd.doc)] = cmd.id
     outputs.append(out)
   return "\n".join(outputs)
 
