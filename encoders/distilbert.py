@@ -1,8 +1,9 @@
 """DistilBERT (Sanh et al. 2019) on the generic encoder.
 
-BERT's post-LN layer without token types, without a pooler, with learned or fixed
-sinusoidal positions (`sinusoidal_pos_embds`, HF's name), and one difference inside the
-layer: the attention output joins the residual without dropout (only the MLP output is
+BERT's post-LN layer without token types, without a pooler, with learned positions,
+initialised to the sin/cos table with `sinusoidal_pos_embds` (HF's name; transformers v5
+also keeps that table a trained parameter, so a fine-tuned checkpoint's stored table is
+loaded and run as it is), and one difference inside the layer: the attention output joins the residual without dropout (only the MLP output is
 dropped), as in the released model. Every LayerNorm uses eps 1e-12 (HF hard-codes it).
 The MLM head is BERT's (dense, activation, LayerNorm, decoder tied to the word
 embeddings). The paper's model is BERT-base halved: 6 layers of width 768 (66M params).
@@ -10,7 +11,9 @@ embeddings). The paper's model is BERT-base halved: 6 layers of width 768 (66M p
 import functools
 
 import flax.linen as nn
+import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from encoders import base, bert, heads, layers, model, tasks
 
@@ -34,12 +37,35 @@ def defaults(variant: str = "base") -> ml_collections.ConfigDict:
   m.num_attention_heads = n_heads
   m.intermediate_size = 4 * hidden
   m.type_vocab_size = 0  # DistilBERT has no token types
-  m.sinusoidal_pos_embds = False  # True: fixed sin/cos table, not a parameter
+  m.sinusoidal_pos_embds = False  # True: positions start as the sin/cos table (trained)
   m.heads = ("mlm",)  # subset of: mlm (DistilBERT has no pooler and no pair head)
   m.seq_classif_dropout = 0.2  # the pooled task head (encoders/tasks/): its dropout
   m.qa_dropout = 0.1  # and extractive QA dropout, HF's names
   del m["position_style"]
   return m
+
+
+def sinusoidal_table(n_pos: int, dim: int) -> np.ndarray:
+  """HF's DistilBERT table, computed in float64 and stored as float32: angle
+  pos / 10000^(2 (j // 2) / dim); sin at even j, cos at odd j."""
+  pos = np.arange(n_pos, dtype=np.float64)[:, None]
+  j = np.arange(dim)
+  angles = pos / np.power(10000.0, 2 * (j // 2) / dim)[None, :]
+  return np.where(j % 2 == 0, np.sin(angles), np.cos(angles)).astype(np.float32)
+
+
+class DistilBertEmbeddings(layers.Embeddings):
+  """`layers.Embeddings` whose learned position table can start as exactly HF's sin/cos
+  table (`position_init="sin_cos"`, unscaled: transformers' sinusoidal init)."""
+
+  def _position_init(self):
+    if self.position_init != "sin_cos":
+      return super()._position_init()
+
+    def init(key, shape, dtype=jnp.float32):
+      del key
+      return jnp.asarray(sinusoidal_table(*shape), dtype)
+    return nn.with_logical_partitioning(init, (None, "embed"))
 
 
 def forward_flops(cfg, seq_len: int, mlm_positions=None) -> float:
@@ -106,11 +132,12 @@ class DistilBert(model.Encoder):
     block = block_factory(c, dtype)
     return model.Parts(
         embeddings=functools.partial(
-            layers.Embeddings, vocab_size=base.padded_vocab_size(c),
+            DistilBertEmbeddings, vocab_size=base.padded_vocab_size(c),
             embedding_size=c.hidden_size, max_position_embeddings=c.max_position_embeddings,
-            type_vocab_size=0, sinusoidal_positions=bool(c.sinusoidal_pos_embds),
-            layer_norm_eps=c.layer_norm_eps, dropout_rate=c.hidden_dropout_prob,
-            init_std=std, dtype=dtype, position_init=c.get("position_init", "normal")),
+            type_vocab_size=0, layer_norm_eps=c.layer_norm_eps,
+            dropout_rate=c.hidden_dropout_prob, init_std=std, dtype=dtype,
+            position_init=("sin_cos" if c.sinusoidal_pos_embds
+                           else c.get("position_init", "normal"))),
         stack=functools.partial(layers.Stack, c.num_hidden_layers, lambda i: block,
                                 scan=c.get("scan_layers", False)),
         heads={"mlm": functools.partial(heads.MlmHead, c.vocab_size, c.hidden_size,

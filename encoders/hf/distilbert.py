@@ -1,12 +1,10 @@
 """DistilBERT <-> Hugging Face (DistilBertModel, DistilBertForMaskedLM).
 
 HF's config names differ from ours (dim, n_layers, n_heads, hidden_dim, activation,
-dropout, attention_dropout). With `sinusoidal_pos_embds` the position table is not a
-parameter here: it is computed (HF's formula, in float64), checked against the file on
-import (an error if it differs) and written on export.
+dropout, attention_dropout). With `sinusoidal_pos_embds` the position table is still a
+parameter, as in transformers v5 (which initialises it to the sin/cos table and trains
+it): the stored table is loaded as it is, fine-tuned or not, and export writes ours.
 """
-import numpy as np
-
 from encoders import distilbert as distilbert_family
 from encoders.hf.mapping import Mapping, register_mapping
 from encoders.hf.rules import PerLayer, Rule, layer_indices
@@ -23,13 +21,7 @@ _OTHER = ("dropout", "attention_dropout", "intermediate_size")
 _REQUIRED = {"is_decoder": False, "add_cross_attention": False, "tie_word_embeddings": True}
 
 
-def sinusoidal_table(n_pos: int, dim: int) -> np.ndarray:
-  """HF's DistilBERT table in float64: angle pos / 10000^(2 (j // 2) / dim); sin at even
-  j, cos at odd j."""
-  pos = np.arange(n_pos, dtype=np.float64)[:, None]
-  j = np.arange(dim)
-  angles = pos / np.power(10000.0, 2 * (j // 2) / dim)[None, :]
-  return np.where(j % 2 == 0, np.sin(angles), np.cos(angles)).astype(np.float32)
+sinusoidal_table = distilbert_family.sinusoidal_table  # HF's formula (float64 -> float32)
 
 
 def layer_rules(cfg):
@@ -93,17 +85,12 @@ class DistilBertMapping(Mapping):
 
   def rules(self, cfg):
     r = [Rule("embeddings/word_embeddings/embedding", "embeddings.word_embeddings.weight",
-              "embedding", vocab=True)]
-    if cfg.sinusoidal_pos_embds:
-      r.append(Rule("", "embeddings.position_embeddings.weight", "computed",
-                    compute=lambda c: sinusoidal_table(c.max_position_embeddings,
-                                                       c.hidden_size)))
-    else:
-      r.append(Rule("embeddings/position_embeddings/embedding",
-                    "embeddings.position_embeddings.weight", "embedding"))
-    r += [Rule("embeddings/norm/scale", "embeddings.LayerNorm.weight"),
-          Rule("embeddings/norm/bias", "embeddings.LayerNorm.bias"),
-          PerLayer(layer_rules(cfg), layer_indices(cfg.num_hidden_layers))]
+              "embedding", vocab=True),
+         Rule("embeddings/position_embeddings/embedding",
+              "embeddings.position_embeddings.weight", "embedding"),
+         Rule("embeddings/norm/scale", "embeddings.LayerNorm.weight"),
+         Rule("embeddings/norm/bias", "embeddings.LayerNorm.bias"),
+         PerLayer(layer_rules(cfg), layer_indices(cfg.num_hidden_layers))]
     if "mlm" in cfg.heads:
       r += [Rule("mlm/transform/kernel", "vocab_transform.weight", "linear", base=False),
             Rule("mlm/transform/bias", "vocab_transform.bias", base=False),

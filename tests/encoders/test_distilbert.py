@@ -1,6 +1,7 @@
 """DistilBERT: parity with transformers in float32 (learned and sinusoidal positions,
-padded batches), the sinusoidal table checked on import, export that transformers loads
-with no missing or unexpected keys, parameter counts, and the family's refusals."""
+padded batches), a stored sinusoidal table that differs from the computed one loaded and
+run as transformers runs it, export that transformers loads with no missing or
+unexpected keys, parameter counts, and the family's refusals."""
 import json
 
 import jax
@@ -57,7 +58,10 @@ def test_parity_tiny_random(arch, sinusoidal, tmp_path):
   model, params = encoders.from_hf(str(tmp_path))
   assert model.config.family == "distilbert"
   assert model.config.sinusoidal_pos_embds == sinusoidal
-  assert ("position_embeddings" in params["embeddings"]) != sinusoidal
+  # a parameter either way, as in transformers v5 (sinusoidal: its initial values)
+  base = hf if arch == "DistilBertModel" else hf.distilbert
+  np.testing.assert_array_equal(params["embeddings"]["position_embeddings"]["embedding"],
+                                base.embeddings.position_embeddings.weight.detach().numpy())
   ids, mask = padded_batch(99, seed=2)
   assert not mask.all()
   out = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask))
@@ -73,18 +77,46 @@ def test_parity_tiny_random(arch, sinusoidal, tmp_path):
     assert out.mlm_logits is None and out.pooler_output is None
 
 
-def test_sinusoidal_table_matches_transformers_and_is_checked_on_import(tmp_path):
+def test_sinusoidal_table_matches_transformers_and_starts_our_fresh_models():
   hf = tiny_hf("DistilBertModel", True, seed=3)
   table = hf.embeddings.position_embeddings.weight.detach().numpy()
   np.testing.assert_allclose(distil_hf.sinusoidal_table(40, 32), table, atol=1e-6)
-  # The model's own (float32) table: within the parity tolerance of HF's.
-  np.testing.assert_allclose(np.asarray(encoders.layers.sinusoidal_table(40, 32)), table,
-                             atol=1e-5)
+  cfg = encoders.family_defaults("distilbert")
+  cfg.update(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+             intermediate_size=37, max_position_embeddings=40, sinusoidal_pos_embds=True)
+  params = encoders.init_params(encoders.build(cfg), jax.random.PRNGKey(0))
+  np.testing.assert_allclose(params["embeddings"]["position_embeddings"]["embedding"], table,
+                             atol=1e-6)
+
+
+def test_stored_sinusoidal_table_that_differs_is_loaded_run_and_exported(tmp_path):
+  """transformers v5 trains a sinusoidal table, so a fine-tuned checkpoint's differs from
+  the computed one: it is loaded as stored (it was refused before), gives transformers'
+  outputs, and export writes it back."""
+  hf = tiny_hf("DistilBertForMaskedLM", True, seed=5)
   with torch.no_grad():
-    hf.embeddings.position_embeddings.weight[5, 3] += 0.01
-  hf.save_pretrained(tmp_path)
-  with pytest.raises(ValueError, match="position_embeddings.weight.*differs"):
-    encoders.from_hf(str(tmp_path))
+    hf.distilbert.embeddings.position_embeddings.weight.add_(
+        0.3 * torch.randn_like(hf.distilbert.embeddings.position_embeddings.weight))
+  stored = hf.distilbert.embeddings.position_embeddings.weight.detach().numpy().copy()
+  assert np.abs(stored - distil_hf.sinusoidal_table(40, 32)).max() > 0.5
+  hf.save_pretrained(tmp_path / "src")
+  model, params = encoders.from_hf(str(tmp_path / "src"))
+  assert model.config.sinusoidal_pos_embds
+  np.testing.assert_array_equal(params["embeddings"]["position_embeddings"]["embedding"],
+                                stored)
+  ids, mask = padded_batch(99, seed=7)
+  out = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask))
+  ref, real = torch_out(hf, ids, mask), mask.astype(bool)
+  for name in ("last_hidden_state", "mlm_logits"):
+    np.testing.assert_allclose(np.asarray(getattr(out, name))[real], ref[name][real],
+                               atol=ATOL, rtol=0)
+  encoders.to_hf(model, params, str(tmp_path / "out"))
+  loaded, info = T.DistilBertForMaskedLM.from_pretrained(str(tmp_path / "out"),
+                                                         output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  assert loaded.config.sinusoidal_pos_embds
+  np.testing.assert_array_equal(
+      loaded.distilbert.embeddings.position_embeddings.weight.detach().numpy(), stored)
 
 
 @pytest.mark.parametrize("sinusoidal", [False, True])
@@ -133,17 +165,16 @@ def _our_count(cfg):
 @pytest.mark.parametrize("sinusoidal", [False, True])
 @pytest.mark.parametrize("heads", [(), ("mlm",)])
 def test_parameter_count_matches_transformers(heads, sinusoidal):
-  """distilbert-base: 66M (Sanh et al. 2019). A sinusoidal table is a parameter in
-  transformers (not trained) and a constant here."""
+  """distilbert-base: 66M (Sanh et al. 2019). A sinusoidal table is a parameter in both
+  (transformers v5 trains it)."""
   cfg = encoders.family_defaults("distilbert")
   cfg.heads, cfg.sinusoidal_pos_embds = heads, sinusoidal
   hf_dict, arch = distil_hf.DistilBertMapping().config_to_hf(cfg)
   with torch.device("meta"):
     ref = getattr(T, arch)(T.DistilBertConfig(**hf_dict))
   theirs = sum(p.numel() for p in ref.parameters())
-  table = cfg.max_position_embeddings * cfg.hidden_size if sinusoidal else 0
   ours = _our_count(cfg)
-  assert ours == theirs - table
+  assert ours == theirs
   if not heads and not sinusoidal:
     assert abs(ours / 1e6 - 66) < 1
 
