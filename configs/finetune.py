@@ -56,6 +56,18 @@ def get_config(arg="sequence"):
   f.version_2 = False  # qa: allow "no answer" (SQuAD v2)
   f.null_threshold = 0.0  # qa v2: answer "" when null score - best span score > this
   f.max_train_rows = -1  # -1: all
+  # Contrastive sentence embeddings (encoders/tasks/embedding.py, docs/embeddings.md).
+  e = f.embedding = common.ml_collections.ConfigDict()
+  e.anchor_column, e.positive_column = "anchor", "positive"
+  e.negative_columns = ()  # hard-negative columns, e.g. ("negative",)
+  e.query_prompt = ""  # prepended to anchors (queries)
+  e.document_prompt = ""  # prepended to positives and negatives
+  e.pooling = "mean"  # mean | cls | lasttoken | max
+  e.scale = 20.0  # cosine similarity x scale (1 / temperature), as sentence-transformers
+  e.symmetric = False  # also positive -> anchors (the mean of both directions)
+  e.matryoshka_dims = ()  # e.g. (384, 256, 128, 64): the loss summed over truncations
+  e.matryoshka_weights = ()  # one per dimension; empty: 1 each
+  e.scored_pairs_file = ""  # sentence1, sentence2, score: Spearman after each epoch
   # Each batch cut to the smallest of these widths that holds its longest row (one
   # compiled step per width): "auto" = 16, 24, 32, 48, 64, 96, ... up to data.seq_len;
   # "off" = every batch at seq_len; or widths "32,64" (seq_len is always added).

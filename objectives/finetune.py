@@ -70,6 +70,8 @@ class Finetune(Objective):
     f = config.finetune
     self.task = str(f.task)
     self.unit = tasks.get(self.task)
+    if hasattr(self.unit, "configured"):  # a task whose step reads its own settings
+      self.unit = self.unit.configured(f)
     labels = tuple(f.get("labels", ()) or ())
     self.model = tasks.build(config.model, self.task, num_labels=len(labels) or int(
         f.get("num_labels", 2)), labels=labels)
@@ -95,15 +97,34 @@ class Finetune(Objective):
   def normalizers(self, batch):
     return {"task": jnp.sum(self.unit.label_weights(batch))}
 
-  def apply(self, params, batch, rng=None, train=False):
+  def encode(self, params, batch, rng=None, train=False):
+    """The task model on one set of text fields."""
     rngs = {"dropout": rng} if (train and rng is not None) else None
     return self.model.apply({"params": params["encoder"]}, batch["input_ids"],
                             batch["attention_mask"], batch["token_type_ids"],
                             segment_ids=batch.get("segment_ids"),
                             deterministic=not train, rngs=rngs)
 
+  def apply(self, params, batch, rng=None, train=False):
+    """The task's outputs; a task with `run` encodes several texts per example itself
+    (run(encode(text fields, rng), batch, rng))."""
+    run = getattr(self.unit, "run", None)
+    if run is None:
+      return self.encode(params, batch, rng, train)
+    return run(lambda texts, key: self.encode(params, texts, key, train), batch, rng)
+
   def loss(self, params, batch, rng, train):
     return self.unit.loss(self.apply(params, batch, rng, train), batch)
+
+  def loss_parts(self):
+    """(embed(params, batch, rng) -> per-example vectors, loss of those vectors over
+    the whole batch -> (term sums, metric sums)) when the task's loss reads only
+    `pooled` (`cacheable`): launch/trainer/step.py's gradient cache; else None."""
+    if not getattr(self.unit, "cacheable", False):
+      return None
+    embed = lambda params, batch, rng: self.apply(params, batch, rng, True).pooled
+    return embed, lambda reps, batch: self.unit.loss(tasks.TaskOutput(None, pooled=reps),
+                                                     batch)
 
   def forward(self, params, batch):
     return self.apply(params, batch)
@@ -123,7 +144,11 @@ class Finetune(Objective):
     return self.unit.baselines(train_batches, eval_items)
 
   def export(self, params, path, tokenizer=None):
-    tasks_hf.to_hf(self.model, jax.device_get(params["encoder"]), path)
+    own = getattr(self.unit, "export", None)  # a task with its own export format
+    if own is not None:
+      own(self.model, jax.device_get(params["encoder"]), path, self.config)
+    else:
+      tasks_hf.to_hf(self.model, jax.device_get(params["encoder"]), path)
     if tokenizer is not None and hasattr(tokenizer, "save"):
       tokenizer.save(path)
     return path

@@ -196,17 +196,28 @@ def length_buckets(spec, seq_len: int) -> Tuple[int, ...]:
 
 
 def trim_to_bucket(batch: Dict[str, np.ndarray], buckets: Sequence[int]) -> Dict:
-  """The batch's (rows, seq_len) arrays cut to the smallest bucket that holds every
+  """The batch's (rows, ..., seq_len) arrays cut to the smallest bucket that holds every
   column any row attends to, so only padding columns (attention_mask 0 in every row)
-  go."""
-  mask = batch["attention_mask"]
-  seq_len = mask.shape[1]
-  longest = int(mask.any(0).nonzero()[0].max()) + 1 if mask.any() else 1
-  width = next(w for w in buckets if w >= longest)
-  if width >= seq_len:
-    return batch
-  return {k: (v[:, :width] if v.ndim == 2 and v.shape[1] == seq_len else v)
-          for k, v in batch.items()}
+  go. Several texts per row (`<prefix>attention_mask` with its `<prefix>input_ids`,
+  ...: a pair task's roles) are cut each by its own mask."""
+  out = dict(batch)
+  prefixes = [k[:-len("attention_mask")] for k in batch if k.endswith("attention_mask")]
+  for prefix in prefixes:
+    mask = batch[prefix + "attention_mask"]
+    seq_len = mask.shape[-1]
+    cols = mask.reshape(-1, seq_len).any(0)
+    longest = int(cols.nonzero()[0].max()) + 1 if cols.any() else 1
+    width = next(w for w in buckets if w >= longest)
+    if width >= seq_len:
+      continue
+    if prefixes == [""]:  # one text per row: every (rows, seq_len) array
+      group = [k for k, v in batch.items() if v.ndim == 2 and v.shape[1] == seq_len]
+    else:
+      group = [prefix + k for k in ("input_ids", "attention_mask", "token_type_ids")
+               if prefix + k in batch]
+    for k in group:
+      out[k] = batch[k][..., :width]
+  return out
 
 
 def row_buckets(batch_size: int, unit: int = 1) -> Tuple[int, ...]:

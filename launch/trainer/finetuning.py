@@ -321,10 +321,14 @@ class FinetuneJob(loop.Job):
 
   def count_tokens(self, batch):
     """Real tokens of the examples trained on (a row that only fills the batch: none)."""
-    mask = np.asarray(batch["attention_mask"])
-    if "example_weight" in batch:
-      mask = mask * (np.asarray(batch["example_weight"]) > 0)[:, None]
-    n = int(mask.sum())
+    n = 0
+    for k in batch:  # every text of a row (a pair task's roles: <role>_attention_mask)
+      if k.endswith("attention_mask"):
+        mask = np.asarray(batch[k])
+        mask = mask.reshape(len(mask), -1)
+        if "example_weight" in batch:
+          mask = mask * (np.asarray(batch["example_weight"]) > 0)[:, None]
+        n += int(mask.sum())
     self.train_tokens += n
     return n
 
@@ -365,6 +369,8 @@ class FinetuneJob(loop.Job):
     for name in os.listdir(src):
       if name != outdir.MARKER and os.path.isfile(os.path.join(src, name)):
         shutil.copy(os.path.join(src, name), os.path.join(path, name))
+      elif os.path.isdir(os.path.join(src, name)):  # an export's modules (1_Pooling/)
+        shutil.copytree(os.path.join(src, name), os.path.join(path, name))
 
   def result(self):
     return {"best": self.best, "history": self.history, "workdir": self.workdir,

@@ -6,6 +6,13 @@ differentiates `objective.combine(term sums, global normalizers)`. The micro-bat
 gradients then add up to the full-batch gradient (up to float summation order), whatever
 the split; metrics stay sums. With data parallelism the step is one global program, so
 the same holds across devices.
+
+A loss that is not a sum over examples (a contrastive loss over the whole batch) cannot
+be split that way. An objective whose `loss_parts()` gives (embed, loss of the
+embeddings) gets the gradient cache instead (Gao et al. 2021): the batch embedded in
+`accum` chunks without gradients, the loss and its gradient w.r.t. the embeddings over
+the whole batch, then each chunk re-encoded and back-propagated with its cached
+gradient. Exact, with the activation memory of one chunk.
 """
 from typing import Any
 
@@ -45,6 +52,10 @@ def gradients(objective, trained, frozen, batch, rng, accum: int, view=None):
     view = lambda p: p
   else:
     view = view(lambda p: objective.loss({**p, **frozen}, batch, rng, True)[0], trained)
+  parts = getattr(objective, "loss_parts", lambda: None)()
+  if parts is not None and accum > 1:
+    return cached_gradients(objective, parts, trained, frozen, batch, rng, accum, view,
+                            norms)
 
   def micro(mb, micro_rng):
     def loss_fn(p):
@@ -72,6 +83,39 @@ def gradients(objective, trained, frozen, batch, rng, accum: int, view=None):
 
   (grads, sums), _ = jax.lax.scan(body, (zeros, m0), (jnp.arange(accum), split))
   return grads, sums
+
+
+def _chunks(batch, accum):
+  rows = jax.tree.leaves(batch)[0].shape[0]
+  if rows % accum:
+    raise ValueError(f"{rows} rows do not split into {accum} micro-batches")
+  return jax.tree.map(lambda x: x.reshape((accum, x.shape[0] // accum) + x.shape[1:]),
+                      batch)
+
+
+def cached_gradients(objective, parts, trained, frozen, batch, rng, accum, view, norms):
+  """The gradient cache (module docstring): `parts` = (embed(params, batch, rng) ->
+  per-row arrays, loss(those arrays for the whole batch, batch) -> (terms, metrics))."""
+  embed, head = parts
+  split = _chunks(batch, accum)
+  keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(accum))
+  encode = lambda p, mb, key: embed({**view(p), **frozen}, mb, key)
+  reps = jax.lax.map(lambda xs: encode(jax.lax.stop_gradient(trained), *xs), (split, keys))
+  reps = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), reps)
+
+  def loss_fn(r):
+    terms, metrics = head(r, batch)
+    return objective.combine(terms, norms), metrics
+  (_, metrics), g_reps = jax.value_and_grad(loss_fn, has_aux=True)(reps)
+  g_split = _chunks(g_reps, accum)
+
+  def body(g_acc, xs):
+    mb, key, g = xs
+    _, pull = jax.vjp(lambda p: encode(p, mb, key), trained)
+    return jax.tree.map(jnp.add, g_acc, pull(g)[0]), None
+
+  grads, _ = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, trained), (split, keys, g_split))
+  return grads, metrics
 
 
 def make_train_step(objective, tx, schedule, accum: int, train_cfg=None, view=None):
