@@ -10,7 +10,10 @@ from encoders.layers.masks import AttentionInputs
 
 
 class Mlp(nn.Module):
-  """(B,T,D) -> (B,T,D): act(x W_in) W_out, or GeGLU act(x W_a) * (x W_g) W_out when gated."""
+  """(B,T,D) -> (B,T,D): act(x W_in) W_out, or GeGLU act(x W_a) * (x W_g) W_out when gated.
+  The fused `wi` kernel is [W_a | W_g]; `act_second` activates its second half instead,
+  act(x W_g) * (x W_a): the [up | gate] layout of GTE's up_gate_proj and NomicBERT's
+  [fc11 | fc12]. `out_bias` overrides `use_bias` for W_out alone (GTE's down_proj)."""
   intermediate_size: int
   hidden_size: int
   act: str = "gelu"
@@ -18,6 +21,8 @@ class Mlp(nn.Module):
   use_bias: bool = True
   init_std: float = 0.02
   dtype: Dtype = jnp.float32
+  out_bias: Optional[bool] = None
+  act_second: bool = False
 
   @nn.compact
   def __call__(self, x):
@@ -27,10 +32,13 @@ class Mlp(nn.Module):
     h = constrain(h, ("act_batch", "act_len", "act_mlp"))
     if self.gated:
       h, gate = jnp.split(h, 2, axis=-1)
+      if self.act_second:
+        h, gate = gate, h
       h = activation(self.act)(h) * gate
     else:
       h = activation(self.act)(h)
-    return Dense((self.hidden_size,), ("mlp", "embed"), self.use_bias, self.init_std,
+    out_bias = self.use_bias if self.out_bias is None else self.out_bias
+    return Dense((self.hidden_size,), ("mlp", "embed"), out_bias, self.init_std,
                  self.dtype, name="wo")(h)
 
 
