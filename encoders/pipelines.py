@@ -3,7 +3,7 @@ transformers' pipelines (and sentence-transformers for embeddings):
 
     p = pipelines.load(hf_dir)                  # model, params and tokenizer.json
     pipelines.fill_mask(p, ["Paris is the [MASK] of France."], top_k=5)
-    pipelines.embed(p, texts)                   # (N, D) masked mean, unit length
+    pipelines.embed(p, texts)                   # (N, D) sentence embeddings
     pipelines.classify(p, texts)                # [{"label", "score"}]
     pipelines.tag(p, texts)                     # [[{"entity", "score", "index", "word",
                                                 #    "start", "end"}]], "O" left out
@@ -19,16 +19,26 @@ Batched and jitted: rows are padded to a fixed batch size and to the next length
 (16, 32, 64, ... up to the model's maximum), so a stream of inputs reuses a handful of
 compiled programs instead of compiling per shape. Padding never changes a result (every
 head is padding-invariant: tests/encoders/test_task_heads.py).
+
+A sentence-transformers directory (`modules.json`) embeds as sentence-transformers does
+(encoders/sentence.py: its pooling, Dense, Normalize, `max_seq_length`, lower-casing and
+prompts). `embed` sorts the texts by token count and pads each batch to a length step of
+at most a quarter of its length; pooling and normalization run on the device inside the
+jitted program, batches are dispatched asynchronously (the next batch is padded while the
+device runs the last), and the results come back once, in input order.
 """
 import dataclasses
+import json
 import os
 from typing import Any, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
+from tokenizers import normalizers
 
-from encoders import hf, tasks
+from encoders import base, hf, sentence, tasks
 from encoders.hf import tasks as tasks_hf
 from encoders.tasks.qa import answer  # noqa: F401  (the qa task's pipeline)
 from encoders.tasks.sequence import classify  # noqa: F401  (sequence, regression)
@@ -47,6 +57,7 @@ class Pipeline:
   tokenizer: Any
   batch_size: int = 32
   max_length: Optional[int] = None
+  sentence_spec: Optional[sentence.Spec] = None  # a sentence-transformers directory's
   _fns: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
@@ -119,7 +130,12 @@ class Pipeline:
 def load(path: str, batch_size: int = 32, **overrides) -> Pipeline:
   """An HF directory -> Pipeline: a task model for a registered task's class
   (...ForSequenceClassification, ...ForTokenClassification, ...ForQuestionAnswering),
-  else the encoder (its architecture's heads)."""
+  else the encoder (its architecture's heads). A sentence-transformers directory
+  (`modules.json`) loads its Transformer module and its pooling, Dense, Normalize,
+  `max_seq_length`, `do_lower_case` and prompts for `embed` and `search`."""
+  spec = sentence.read(path)
+  if spec is not None:
+    path = spec.transformer_dir
   if tasks_hf.is_task_model(path):
     model, params = tasks_hf.from_hf(path, **overrides)
   else:
@@ -127,7 +143,25 @@ def load(path: str, batch_size: int = 32, **overrides) -> Pipeline:
   if not os.path.isfile(os.path.join(path, "tokenizer.json")) and not os.path.isfile(
       os.path.join(path, "vocab.txt")):
     raise ValueError(f"{path} has no tokenizer.json or vocab.txt")
-  return Pipeline(model, params, load_tokenizer(path), batch_size)
+  tok = load_tokenizer(path)
+  max_length = None
+  if spec is not None:
+    if spec.do_lower_case:
+      tok.normalizer = (normalizers.Sequence([normalizers.Lowercase(), tok.normalizer])
+                        if tok.normalizer is not None else normalizers.Lowercase())
+    max_length = spec.max_seq_length or _tokenizer_max_length(path)
+  return Pipeline(model, params, tok, batch_size, max_length=max_length, sentence_spec=spec)
+
+
+def _tokenizer_max_length(path: str) -> Optional[int]:
+  """tokenizer_config.json's model_max_length where it is a real limit (transformers
+  writes 1e30 for "none")."""
+  f = os.path.join(path, "tokenizer_config.json")
+  if not os.path.isfile(f):
+    return None
+  with open(f) as fh:
+    value = json.load(fh).get("model_max_length")
+  return int(value) if isinstance(value, (int, float)) and 0 < value < 1e9 else None
 
 
 def _softmax(x, axis=-1):
@@ -163,18 +197,88 @@ def fill_mask(p: Pipeline, texts: Sequence[str], top_k: int = 5, mask_token="[MA
   return out
 
 
-def embed(p: Pipeline, texts: Sequence[str], normalize: bool = True) -> np.ndarray:
-  """(N, D) masked mean of the last hidden state (sentence-transformers' mean pooling),
-  unit length when `normalize`."""
+def length_step(n: int) -> int:
+  """The padded width of a batch whose longest row has n tokens: n rounded up to a step of
+  8, or of a quarter of the power of two below n when that is larger (16 widths from 8 to
+  256: few programs to compile, at most a quarter of padding)."""
+  step = max(8, (1 << max(n - 1, 1).bit_length()) // 8)
+  return -(-n // step) * step
+
+
+def _prompt_length(tok, prompt: str) -> int:
+  """The prompt's tokens at the start of each row (its leading special tokens included, a
+  trailing one not), as sentence-transformers counts them for include_prompt=False."""
+  e = tok.encode(prompt)
+  n = len(e.ids)
+  return n - 1 if n and e.special_tokens_mask[-1] else n
+
+
+def embed(p: Pipeline, texts: Sequence[str], normalize: Optional[bool] = None,
+          prompt: Optional[str] = None, prompt_name: Optional[str] = None) -> np.ndarray:
+  """(N, D') float32 sentence embeddings, in the order of `texts`.
+
+  A sentence-transformers directory embeds as `SentenceTransformer(dir).encode` does: its
+  pooling, Dense layers and Normalize, its max_seq_length, and its prompts (`prompt` text,
+  or `prompt_name` from config_sentence_transformers.json, else its default prompt). Any
+  other directory: the masked mean of the last hidden state, unit length. `normalize`
+  True/False overrides the directory's Normalize."""
+  texts = list(texts)
+  if any(not isinstance(t, str) for t in texts):
+    raise TypeError("embed takes a sequence of strings")
+  spec = p.sentence_spec or sentence.Spec(normalize=True)
+  if normalize is not None:
+    spec = dataclasses.replace(spec, normalize=bool(normalize))
+  text_prompt = spec.prompt(prompt, prompt_name)
+  if text_prompt:
+    texts = [text_prompt + t for t in texts]
+  cut = _prompt_length(p.tokenizer, text_prompt) if text_prompt and not spec.include_prompt \
+      else 0
   encs = p.encode(texts)
-  vecs = []
-  for row in p.run(encs):
-    h, m = row["last_hidden_state"].astype(np.float64), row["mask"][:, None]
-    vecs.append((h * m).sum(0) / max(m.sum(), 1))
-  v = np.stack(vecs)
-  if normalize:
-    v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
-  return v.astype(np.float32)
+  lengths = np.array([len(e.ids) for e in encs])
+  order = np.argsort(-lengths, kind="stable")
+  encoder, pool = None, sentence.embed_fn(spec)
+  spec_key = ("embed", spec.pooling, spec.include_prompt, spec.normalize,
+              tuple(id(d) for d in spec.dense))
+
+  def program(width):  # one jitted program per padded width, kept for the next call
+    nonlocal encoder
+    if (spec_key, width) not in p._fns:
+      encoder = encoder or _encoder_of(p.model)
+      def fn(params, ids, mask, types, cut):
+        h = encoder.apply({"params": params}, ids, mask, types).last_hidden_state
+        return pool(h, mask, jnp.full((ids.shape[0],), cut, jnp.int32))
+      p._fns[(spec_key, width)] = jax.jit(fn)
+    return p._fns[(spec_key, width)]
+
+  outs = []
+  for lo in range(0, len(encs), p.batch_size):
+    rows = order[lo:lo + p.batch_size]
+    t = min(length_step(int(lengths[rows[0]])), p.max_length)
+    ids = np.full((p.batch_size, t), p.pad_id, np.int32)
+    mask = np.zeros((p.batch_size, t), np.int32)
+    types = np.zeros((p.batch_size, t), np.int32)
+    for i, r in enumerate(rows):
+      e = encs[r]
+      n = len(e.ids)
+      ids[i, :n], mask[i, :n], types[i, :n] = e.ids, e.attention_mask, e.type_ids
+    outs.append((len(rows), program(t)(p.params, ids, mask, types, cut)))  # async
+  if not outs:
+    return np.zeros((0, 0), np.float32)
+  vecs = np.concatenate([np.asarray(v)[:n] for n, v in outs])
+  result = np.empty_like(vecs, dtype=np.float32)
+  result[order] = vecs
+  return result
+
+
+def _encoder_of(model):
+  """The model without heads (its last hidden state is all embed needs), or a task model
+  as it is."""
+  config = getattr(model, "config", None)
+  if config is None or getattr(model, "task", None) is not None or not config.get("heads"):
+    return model
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.heads = ()
+  return base.build(config)
 
 
 def predict(p: Pipeline, *args, **kwargs):
@@ -187,9 +291,17 @@ def predict(p: Pipeline, *args, **kwargs):
 
 def search(p: Pipeline, queries: Sequence[str], corpus, top_k: int = 5):
   """Per query, the top_k corpus entries by cosine similarity: [{"corpus_id", "score"}].
-  `corpus`: texts, or their (N, D) embeddings from `embed`."""
-  q = embed(p, queries)
-  c = np.asarray(corpus, np.float32) if not isinstance(corpus[0], str) else embed(p, corpus)
+  `corpus`: texts, or their (N, D) embeddings from `embed`. A directory's "query" prompt
+  goes before the queries and its "document" (or "passage", "corpus") prompt before the
+  corpus texts, as sentence-transformers' encode_query / encode_document do."""
+  prompts = p.sentence_spec.prompts if p.sentence_spec is not None else {}
+  q = embed(p, queries, prompt_name="query" if "query" in prompts else None)
+  if isinstance(corpus[0], str):
+    doc = next((n for n in ("document", "passage", "corpus") if n in prompts), None)
+    c = embed(p, corpus, prompt_name=doc)
+  else:
+    c = np.asarray(corpus, np.float32)
+  q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
   c = c / np.maximum(np.linalg.norm(c, axis=1, keepdims=True), 1e-12)
   sims = q @ c.T
   out = []
