@@ -107,6 +107,16 @@ def rotary(x: Array, positions: Array, theta: float) -> Array:
   return (xf * cos + rotated * sin).astype(x.dtype)
 
 
+def rope_positions(positions: Array, factor: float = 1.0) -> Array:
+  """The positions `rotary` takes under linear RoPE scaling (position interpolation, HF's
+  rope_type "linear"): (B,T) position ids / `factor` in float32; unchanged for factor 1."""
+  if factor == 1.0:
+    return positions
+  if factor <= 0:
+    raise ValueError(f"RoPE scaling factor {factor} must be > 0")
+  return positions.astype(jnp.float32) / jnp.float32(factor)
+
+
 def attention_scores_einsum(q, k, v, mask, bias=None, scale=None, dropout_fn=None):
   """Reference attention: q,k,v (B,T,H,K), mask (B,1|H,T,T) bool, bias (B|1,H|1,T,T).
   Scores and the probs @ V product accumulate in float32 whatever the input dtype
