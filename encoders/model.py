@@ -5,7 +5,8 @@ heads, as factories) and, where it differs from the default, how it numbers posi
 what its attention needs per layer. This module owns the rest:
 
   input validation (before any computation) -> default mask, token types and positions ->
-  embeddings -> AttentionInputs -> the layer stack -> final norm (if any) -> heads:
+  embeddings -> AttentionInputs (+ a shared position bias, once) -> the layer stack ->
+  final norm (if any) -> heads:
     "pooler"       pooler_output (B,D) from the pooler module
     "nsp", "sop"   (B,2) logits of a classifier on pooler_output
     "mlm"          (B,T,V) logits, or (B,M,V) at `masked_positions` (B,M): the hidden
@@ -38,11 +39,15 @@ class Parts:
   final_norm  optional (B,T,D) -> (B,T,D) after the stack (pre-LN families);
   heads       head name (see HEAD_OUTPUTS) -> factory; "pooler" must be present when
               "nsp" or "sop" is. The MLM head is called as head(h, decode).
+  position_bias  optional T -> (1|B,H,T,T) score bias computed once per forward and added
+              to `AttentionInputs.bias` for every layer (MPNet's shared bucketed relative
+              bias: `layers.RelativePositionBias`).
   """
   embeddings: Callable[..., nn.Module]
   stack: Callable[..., nn.Module]
   final_norm: Optional[Callable[..., nn.Module]] = None
   heads: Dict[str, Callable[..., nn.Module]] = dataclasses.field(default_factory=dict)
+  position_bias: Optional[Callable[..., nn.Module]] = None
 
 
 class Encoder(nn.Module):
@@ -114,6 +119,9 @@ class Encoder(nn.Module):
     if p.final_norm is not None:
       self.final_norm = p.final_norm()
     self._has_final_norm = p.final_norm is not None
+    if p.position_bias is not None:
+      self.position_bias = p.position_bias()
+    self._has_position_bias = p.position_bias is not None
     for name in HEAD_OUTPUTS:
       if name in p.heads and self._needs(name):
         setattr(self, name, p.heads[name]())
@@ -143,6 +151,9 @@ class Encoder(nn.Module):
     x = base.poison(self.embeddings(input_ids, position_ids, token_type_ids, deterministic),
                     bad)
     inputs = self.attention_inputs(attention_mask, segment_ids, position_ids)
+    if self._has_position_bias:
+      shared = self.position_bias(input_ids.shape[1])
+      inputs = inputs.replace(bias=shared if inputs.bias is None else inputs.bias + shared)
     x, mlm_x = self.encoder(x, inputs, deterministic), None
     if isinstance(x, tuple):  # (last hidden state, what the MLM head decodes instead)
       x, mlm_x = x

@@ -6,6 +6,7 @@
   masks.py       attention masks (dense, SegmentMask) and the AttentionInputs struct
   kernels.py     attention kernels: einsum reference, CPU layout, Splash (TPU), rotary
   attention.py   MultiHeadAttention over the kernels
+  position_bias.py  a bucketed relative position bias shared by all layers (T5, MPNet)
   blocks.py      Mlp, EncoderBlock (post-LN / pre-LN), Sequence (a group of blocks)
   stack.py       the layer stack: per-layer, shared or scanned params; remat; the
                  CPU cotangent barrier between unrolled layers
@@ -24,6 +25,7 @@ from encoders.layers.masks import (AttentionInputs, SegmentMask, make_attention_
 from encoders.layers.kernels import (SPLASH_BLOCKS, attention_head_major,
                                      attention_scores_einsum, rotary, splash_attention)
 from encoders.layers.attention import MultiHeadAttention
+from encoders.layers.position_bias import RelativePositionBias, relative_position_bucket
 from encoders.layers.blocks import EncoderBlock, Mlp, Sequence
 from encoders.layers.stack import (SCANNED_LAYERS, Stack, cotangent_barrier, remat_block,
                                    stack_layer_params, unstack_layer_params)

@@ -19,14 +19,16 @@ IMPLS = ("xla", "cudnn", "einsum", "cpu", "splash")
 # Families whose attention a fast kernel cannot run, and why (`choose_impl`).
 _DEBERTA_NOTE = ("DeBERTa's relative position terms are an additive score bias, which Splash "
                  "does not take")
-SPLASH_UNSUPPORTED = {"deberta-v2": _DEBERTA_NOTE, "deberta": _DEBERTA_NOTE}
+SPLASH_UNSUPPORTED = {"deberta-v2": _DEBERTA_NOTE, "deberta": _DEBERTA_NOTE,
+                      "mpnet": "MPNet's relative position bias is an additive score bias, "
+                               "which Splash does not take"}
 CUDNN_UNSUPPORTED = {"modernbert": "cuDNN has no bidirectional local window (ModernBERT's "
                                    "local layers)"}
 
 
 def choose_impl(platform: str, seq_len: Optional[int] = None, dropout_rate: float = 0.0,
                 dtype: str = "bfloat16", head_dim: Optional[int] = None,
-                family: str = "bert") -> Tuple[str, str]:
+                family: str = "bert", score_bias: bool = False) -> Tuple[str, str]:
   """What `attention_impl: auto` runs on `platform`, and why: (impl, reason).
 
   cpu: "cpu" (the reference's math laid out for XLA's CPU backend).
@@ -50,6 +52,8 @@ def choose_impl(platform: str, seq_len: Optional[int] = None, dropout_rate: floa
     block = min(kernels.SPLASH_BLOCKS)
     if family in SPLASH_UNSUPPORTED:
       return "xla", f"TPU: not Splash: {SPLASH_UNSUPPORTED[family]}"
+    if score_bias:
+      return "xla", "TPU: not Splash: it takes no additive score bias"
     if dropout_rate > 0:
       return "xla", f"TPU: not Splash: {drop_note}"
     if not seq_len:
@@ -91,7 +95,8 @@ def log_call_choice(what: str, seq_len, choice: str, reason: str) -> None:
                                           seq_len, choice, reason)
 
 
-def call_time_impl(impl: str, seq_len: int, dropout_rate: float, dtype, head_dim: int) -> str:
+def call_time_impl(impl: str, seq_len: int, dropout_rate: float, dtype, head_dim: int,
+                   score_bias: bool = False) -> str:
   """`impl`; "auto" is still there when the model was built for TPU without knowing the
   sequence length (`encoders.base.resolve_attention`, e.g. `encoders.from_hf`): then it
   is `choose_impl`'s pick for this call's length on the backend that runs it, logged."""
@@ -99,7 +104,7 @@ def call_time_impl(impl: str, seq_len: int, dropout_rate: float, dtype, head_dim
     return impl
   seq_len = concrete_length(seq_len)
   choice, reason = choose_impl(jax.default_backend(), seq_len, dropout_rate,
-                               jnp.dtype(dtype).name, head_dim)
+                               jnp.dtype(dtype).name, head_dim, score_bias=score_bias)
   log_call_choice("attention", seq_len, choice, reason)
   return choice
 
@@ -163,7 +168,7 @@ class MultiHeadAttention(nn.Module):
     scale = self.scale if scale is None else scale
     use_dropout = not deterministic and self.dropout_rate > 0.0
     impl = call_time_impl(self.impl, q.shape[1], self.dropout_rate if use_dropout else 0.0,
-                          self.dtype, q.shape[-1])
+                          self.dtype, q.shape[-1], score_bias=bias is not None)
     if impl == "splash":
       if use_dropout:
         raise ValueError("attention_impl='splash' has no attention-probability dropout; set "
