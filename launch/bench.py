@@ -9,7 +9,7 @@ from ml_collections import config_flags
 from launch import cli
 from launch.perf import runinfo
 from launch.perf.bench import report, runs
-from launch.perf.bench import loop
+from launch.perf.bench import embed, loop
 from launch.trainer import hostmem
 
 
@@ -17,12 +17,20 @@ def _define_flags():
   if "mode" in flags.FLAGS:
     return flags.FLAGS
   config_flags.DEFINE_config_file("config", None, "config file[:arg]", lock_config=True)
-  flags.DEFINE_enum("mode", "train", ["forward", "train", "loop"], "what to time (loop: "
-                    "the whole training loop, launch/perf/bench/loop.py)")
+  flags.DEFINE_enum("mode", "train", ["forward", "train", "loop", "embed"], "what to time "
+                    "(loop: the whole training loop, launch/perf/bench/loop.py; embed: "
+                    "pipelines.embed against sentence-transformers on --model, "
+                    "launch/perf/bench/embed.py)")
+  flags.DEFINE_string("model", "", "--mode embed: a sentence-transformers directory")
+  flags.DEFINE_integer("texts", 1000, "--mode embed: texts per round")
+  flags.DEFINE_integer("rounds", 3, "--mode embed: timed rounds (after one warm-up round)")
+  flags.DEFINE_integer("long_every", 20, "--mode embed: every n-th text is a "
+                       "multi-paragraph document (0: none)")
   flags.DEFINE_integer("steps", 100, "--mode loop: training steps (the first not timed)")
   flags.DEFINE_string("workdir", "", "--mode loop: run directory (default: a temporary "
                       "one; a kept one caches the tokenizer and data for the next run)")
-  flags.DEFINE_integer("batch", 8, "rows per step (the global batch)")
+  flags.DEFINE_integer("batch", 8, "rows per step (the global batch; --mode embed: "
+                       "texts per batch, default 32)")
   flags.DEFINE_integer("seq", 0, "sequence length (0: config.data.seq_len)")
   flags.DEFINE_integer("iters", 10, "timed iterations (with --packed: documents = "
                        "batch * iters)")
@@ -36,7 +44,6 @@ def _define_flags():
   flags.DEFINE_enum("malloc", "tuned", ["tuned", "system"], "host allocator: tuned "
                     "(launch/trainer/hostmem.py, as launch.pretrain) or glibc's defaults")
   flags.DEFINE_string("json", "", "also write the full result to this JSON file")
-  flags.mark_flag_as_required("config")
   return flags.FLAGS
 
 
@@ -48,6 +55,19 @@ def main(argv):
   if F.malloc == "tuned":  # before JAX's CPU client starts (launch/trainer/hostmem.py)
     hostmem.tune_malloc()
   config = F.config
+  if F.mode == "embed":
+    if not F.model:
+      raise SystemExit("--mode embed needs --model DIR (a sentence-transformers directory)")
+    batch = F.batch if F["batch"].present else 32  # sentence-transformers' default
+    result = embed.bench_embed(F.model, F.texts, batch, F.rounds, F.long_every, F.seed)
+    result["machine"] = runinfo.machine_info()
+    result["command"] = "python -m launch.bench " + " ".join(sys.argv[1:])
+    if F.json:
+      with open(F.json, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    return 0
+  if config is None:
+    raise SystemExit("--config is required (e.g. --config configs/bert.py:base)")
   if F.packed and F.compare_hf:
     raise SystemExit("--packed and --compare-hf do not combine: transformers' BERT has no "
                      "segment-aware attention for packed rows")
