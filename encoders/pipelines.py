@@ -29,6 +29,7 @@ device runs the last), and the results come back once, in input order.
 """
 import dataclasses
 import json
+from concurrent import futures
 import os
 from typing import Any, List, Optional, Sequence
 
@@ -233,9 +234,6 @@ def embed(p: Pipeline, texts: Sequence[str], normalize: Optional[bool] = None,
     texts = [text_prompt + t for t in texts]
   cut = _prompt_length(p.tokenizer, text_prompt) if text_prompt and not spec.include_prompt \
       else 0
-  encs = p.encode(texts)
-  lengths = np.array([len(e.ids) for e in encs])
-  order = np.argsort(-lengths, kind="stable")
   encoder, pool = None, sentence.embed_fn(spec)
   spec_key = ("embed", spec.pooling, spec.include_prompt, spec.normalize,
               tuple(id(d) for d in spec.dense))
@@ -250,23 +248,37 @@ def embed(p: Pipeline, texts: Sequence[str], normalize: Optional[bool] = None,
       p._fns[(spec_key, width)] = jax.jit(fn)
     return p._fns[(spec_key, width)]
 
-  outs = []
-  for lo in range(0, len(encs), p.batch_size):
-    rows = order[lo:lo + p.batch_size]
-    t = min(length_step(int(lengths[rows[0]])), p.max_length)
-    ids = np.full((p.batch_size, t), p.pad_id, np.int32)
-    mask = np.zeros((p.batch_size, t), np.int32)
-    types = np.zeros((p.batch_size, t), np.int32)
-    for i, r in enumerate(rows):
-      e = encs[r]
-      n = len(e.ids)
-      ids[i, :n], mask[i, :n], types[i, :n] = e.ids, e.attention_mask, e.type_ids
-    outs.append((len(rows), program(t)(p.params, ids, mask, types, cut)))  # async
+  # Chunks of texts by character count (longest first) are tokenized in a thread while
+  # the device runs the previous chunk's batches; within a chunk, rows go by token count.
+  by_chars = np.argsort([-len(t) for t in texts], kind="stable")
+  size = p.batch_size * 8
+  chunks = [by_chars[i:i + size] for i in range(0, len(texts), size)]
+  order, outs = [], []
+  with futures.ThreadPoolExecutor(1) as tokenizing:
+    pending = tokenizing.submit(p.encode, [texts[i] for i in chunks[0]]) if chunks else None
+    for k, chunk in enumerate(chunks):
+      encs = pending.result()
+      if k + 1 < len(chunks):
+        pending = tokenizing.submit(p.encode, [texts[i] for i in chunks[k + 1]])
+      lengths = np.array([len(e.ids) for e in encs])
+      local = np.argsort(-lengths, kind="stable")
+      order.extend(chunk[local])
+      for lo in range(0, len(local), p.batch_size):
+        rows = local[lo:lo + p.batch_size]
+        t = min(length_step(int(lengths[rows[0]])), p.max_length)
+        ids = np.full((p.batch_size, t), p.pad_id, np.int32)
+        mask = np.zeros((p.batch_size, t), np.int32)
+        types = np.zeros((p.batch_size, t), np.int32)
+        for i, r in enumerate(rows):
+          e = encs[r]
+          n = len(e.ids)
+          ids[i, :n], mask[i, :n], types[i, :n] = e.ids, e.attention_mask, e.type_ids
+        outs.append((len(rows), program(t)(p.params, ids, mask, types, cut)))  # async
   if not outs:
     return np.zeros((0, 0), np.float32)
   vecs = np.concatenate([np.asarray(v)[:n] for n, v in outs])
   result = np.empty_like(vecs, dtype=np.float32)
-  result[order] = vecs
+  result[np.asarray(order)] = vecs
   return result
 
 

@@ -204,3 +204,16 @@ def test_length_steps_bound_padding_and_programs():
   for n in range(1, 1025):
     w = pipelines.length_step(n)
     assert n <= w and (w - n) <= max(7, n // 4), n
+
+
+def test_chunked_tokenizing_keeps_input_order(st_dirs):
+  """Texts in several tokenizing chunks (batch 2: chunks of 16) come back in input order,
+  equal to one big batch and to sentence-transformers."""
+  from sentence_transformers import SentenceTransformer
+  path = st_dirs["no_prompt"]
+  texts = _texts(37, long_every=6, long_words=45)
+  small = pipelines.embed(pipelines.load(path, batch_size=2), texts)
+  big = pipelines.embed(pipelines.load(path, batch_size=64), texts)
+  np.testing.assert_allclose(small, big, atol=1e-5, rtol=0)
+  theirs = SentenceTransformer(path, device="cpu").encode(texts)
+  np.testing.assert_allclose(small, theirs, atol=2e-5, rtol=0)
