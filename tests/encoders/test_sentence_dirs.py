@@ -211,7 +211,7 @@ def test_chunked_tokenizing_keeps_input_order(st_dirs):
   equal to one big batch and to sentence-transformers."""
   from sentence_transformers import SentenceTransformer
   path = st_dirs["no_prompt"]
-  texts = _texts(37, long_every=6, long_words=45)
+  texts = _texts(37, long_every=6, long_words=20)
   small = pipelines.embed(pipelines.load(path, batch_size=2), texts)
   big = pipelines.embed(pipelines.load(path, batch_size=64), texts)
   np.testing.assert_allclose(small, big, atol=1e-5, rtol=0)
