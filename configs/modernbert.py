@@ -29,11 +29,42 @@ layers, H1024) with the paper's recipe (Section 2.2), as closely as this trainer
 Steps: phase 1 ~1.7T tokens / 4.2M = 400k steps; phase 2 250B tokens / (512 x 8,192) ~ 60k.
 The tokenizer is trained on the data (sentencepiece BPE, 50,368 entries) unless
 `tokenizer.kind` points at the released one; the released ModernBERT uses OLMo's BPE.
+
+Published ModernBERT-architecture sizes (HF model_type "modernbert"), with base's recipe
+at each one's peak rate: mmbert-small and mmbert-base (mmBERT, arXiv 2509.06888: Gemma's
+256,000-entry vocabulary, pad id 0, rotary theta 160k in global and local layers; the
+numbers of JHU-CLSP/mmBERT's configs, peak rate ModernBERT-base's 8e-4) and ettin-17m ...
+ettin-1b (Ettin, arXiv 2507.11412: ModernBERT's vocabulary; layers, widths and peak rates of
+JHU-CLSP/ettin-encoder-vs-decoder's phase-1 configs, theta 160k global and local as in its
+context-extension configs). docs/modernbert.md says what loads.
 """
 from configs import common
 from encoders import modernbert
 
-VARIANTS = tuple(modernbert.VARIANTS)
+# name -> layers, hidden, heads, MLP width, vocabulary, pad id, peak learning rate
+PUBLISHED = {
+    "mmbert-small": (22, 384, 6, 1152, 256_000, 0, 8e-4),
+    "mmbert-base": (22, 768, 12, 1152, 256_000, 0, 8e-4),
+    "ettin-17m": (7, 256, 4, 384, 50_368, 50_283, 3e-3),
+    "ettin-32m": (10, 384, 6, 576, 50_368, 50_283, 3e-3),
+    "ettin-68m": (19, 512, 8, 768, 50_368, 50_283, 3e-3),
+    "ettin-150m": (22, 768, 12, 1152, 50_368, 50_283, 8e-4),
+    "ettin-400m": (28, 1024, 16, 2624, 50_368, 50_283, 5e-4),
+    "ettin-1b": (28, 1792, 28, 3840, 50_368, 50_283, 5e-4),
+}
+VARIANTS = tuple(modernbert.VARIANTS) + tuple(PUBLISHED)
+
+
+def published_model(name):
+  """The model section of a PUBLISHED size: ModernBERT-base's settings with its shape,
+  vocabulary, pad id and rotary thetas."""
+  n_layers, hidden, heads, ffn, vocab, pad, _ = PUBLISHED[name]
+  m = modernbert.defaults("base")
+  m.variant = name
+  m.num_hidden_layers, m.hidden_size, m.num_attention_heads = n_layers, hidden, heads
+  m.intermediate_size, m.vocab_size, m.pad_token_id = ffn, vocab, pad
+  m.global_rope_theta = m.local_rope_theta = 160_000.0
+  return m
 
 
 def get_config(arg="base"):
@@ -44,7 +75,8 @@ def get_config(arg="base"):
   if a.phase not in (1, 2):
     raise ValueError(f"phase={a.phase}: 1 (1,024 tokens) or 2 (8,192-token extension)")
   c = common.base_config()
-  c.model = modernbert.defaults(a.variant)
+  published = a.variant in PUBLISHED
+  c.model = published_model(a.variant) if published else modernbert.defaults(a.variant)
   if a.every_n:
     c.model.global_attn_every_n_layers = a.every_n
   c.objective.name = "mlm"
@@ -58,7 +90,7 @@ def get_config(arg="base"):
     c.optimizer.weight_decay = 1e-5
     return c.lock()
   c.tokenizer.model_type = "bpe"
-  c.tokenizer.vocab_size = 50368
+  c.tokenizer.vocab_size = c.model.vocab_size
   c.optimizer.name = "stable_adamw"
   c.optimizer.b1, c.optimizer.b2, c.optimizer.eps = 0.9, 0.98, 1e-6
   c.optimizer.weight_decay = 1e-5
@@ -70,7 +102,8 @@ def get_config(arg="base"):
   if a.phase == 1:
     c.data.seq_len = 1024
     c.data.global_batch = 4096
-    c.optimizer.learning_rate = 8e-4 if a.variant == "base" else 5e-4
+    c.optimizer.learning_rate = (PUBLISHED[a.variant][-1] if published
+                                 else 8e-4 if a.variant == "base" else 5e-4)
     c.optimizer.warmup_steps = 3_000
     c.optimizer.decay_fraction = 0.1
     c.train.steps = 400_000

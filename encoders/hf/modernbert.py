@@ -16,13 +16,18 @@ _CONSUMED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layer
              "classifier_activation", "embedding_dropout", "attention_dropout",
              "mlp_dropout", "global_attn_every_n_layers", "classifier_pooling",
              "classifier_dropout")
+# Keys released configs carry (ModernBERT's, mmBERT's) that transformers'
+# ModernBERT never reads: its eps is `norm_eps`, its positions are rotary whatever
+# `position_embedding_type` says ("absolute", mmBERT's "sans_pos"), the mask id is the
+# tokenizer's.
+_IGNORED = ("layer_norm_eps", "position_embedding_type", "mask_token_id")
 # Read here (not copied one to one), or settings that never change the encoder's numbers:
 # init-only, task-head pooling/dropout, FlashAttention determinism, the loss-side sparse
 # prediction (HF's logits at labelled positions only), special token ids.
 _HANDLED = ("layer_types", "rope_parameters", "global_rope_theta", "local_rope_theta",
             "initializer_cutoff_factor", "deterministic_flash_attn", "sparse_prediction", "sparse_pred_ignore_index",
             "cls_token_id", "reference_compile", "repad_logits_with_grad",
-            "is_encoder_decoder")
+            "is_encoder_decoder", *_IGNORED)
 _REQUIRED = {"tie_word_embeddings": True}
 
 
