@@ -50,11 +50,13 @@ def defaults() -> ml_collections.ConfigDict:
   return m
 
 
-def layer_flops(t: int, d: int, f: int, gated: bool = False) -> int:
-  """One post/pre-LN transformer layer on T tokens: q,k,v,out projections 4 * 2TD^2; the
-  full bidirectional T x T attention QK^T and probs @ V, 2 * 2T^2D; the MLP 2TDF x 2 (x 3
-  gated)."""
-  return 4 * 2 * t * d * d + 2 * 2 * t * t * d + 2 * t * d * f * (3 if gated else 2)
+def layer_flops(t: int, d: int, f: int, gated: bool = False, kv: int = 0) -> int:
+  """One post/pre-LN transformer layer on T tokens: q,k,v,out projections 4 * 2TD^2 (k and
+  v 2 * 2TD*kv with grouped-query K/V of width kv = G * K); the full bidirectional T x T
+  attention QK^T and probs @ V, 2 * 2T^2D; the MLP 2TDF x 2 (x 3 gated)."""
+  kv = kv or d
+  return (2 * 2 * t * d * (d + kv) + 2 * 2 * t * t * d
+          + 2 * t * d * f * (3 if gated else 2))
 
 
 def head_flops(cfg, t: int, d: int, e: int, mlm_positions=None) -> int:
@@ -73,7 +75,9 @@ def head_flops(cfg, t: int, d: int, e: int, mlm_positions=None) -> int:
 def forward_flops(cfg, seq_len: int, mlm_positions=None) -> float:
   """Forward FLOPs of one sequence (2 per multiply-add; element-wise work not counted)."""
   t, d = seq_len, cfg.hidden_size
-  total = cfg.num_hidden_layers * layer_flops(t, d, cfg.intermediate_size)
+  kv = (cfg.get("num_key_value_heads") or cfg.num_attention_heads) * (
+      d // cfg.num_attention_heads)
+  total = cfg.num_hidden_layers * layer_flops(t, d, cfg.intermediate_size, kv=kv)
   return float(total + head_flops(cfg, t, d, d, mlm_positions))
 
 
@@ -82,7 +86,8 @@ def attention_factory(c, dtype):
       layers.MultiHeadAttention, num_heads=c.num_attention_heads,
       head_dim=c.hidden_size // c.num_attention_heads, hidden_size=c.hidden_size,
       dropout_rate=c.attention_probs_dropout_prob, impl=c.attention_impl,
-      init_std=c.initializer_range, dtype=dtype)
+      init_std=c.initializer_range, dtype=dtype,
+      num_kv_heads=c.get("num_key_value_heads") or None)  # GQA: a config change
 
 
 def post_ln_block(c, dtype):

@@ -123,7 +123,9 @@ class MultiHeadAttention(nn.Module):
   (set attention_probs_dropout_prob=0). A `SegmentMask` with a `local_window` reaches
   splash as a banded mask and "xla"/"cudnn" as `local_window_size` (with the dense mask).
   `key_bias=False` drops the key projection's bias alone (DeBERTa v1 has query and value
-  biases only).
+  biases only). `num_kv_heads` G < H (grouped-query attention; None: H): the key and value
+  projections have G heads, query head h reads K/V head h // (H / G) (transformers'
+  repeat_kv order), and every kernel takes the G-head K/V as they are (no repeat).
   """
   num_heads: int
   head_dim: int
@@ -137,18 +139,25 @@ class MultiHeadAttention(nn.Module):
   init_std: float = 0.02
   dtype: Dtype = jnp.float32
   key_bias: bool = True
+  num_kv_heads: Optional[int] = None
 
   def setup(self):
-    proj = functools.partial(Dense, (self.num_heads, self.head_dim), ("embed", "heads", "kv"),
+    kv_heads = self.num_kv_heads or self.num_heads
+    if self.num_heads % kv_heads:
+      raise ValueError(f"num_attention_heads={self.num_heads} is not a multiple of "
+                       f"num_key_value_heads={kv_heads}")
+    proj = functools.partial(Dense, kernel_axes=("embed", "heads", "kv"),
                              use_bias=self.use_bias, init_std=self.init_std, dtype=self.dtype)
-    self.query, self.value = proj(name="query"), proj(name="value")
-    self.key = proj(name="key", use_bias=self.use_bias and self.key_bias)
+    kv = (kv_heads, self.head_dim)
+    self.query = proj((self.num_heads, self.head_dim), name="query")
+    self.value = proj(kv, name="value")
+    self.key = proj(kv, name="key", use_bias=self.use_bias and self.key_bias)
     self.out = Dense((self.hidden_size,), ("heads", "kv", "embed"), use_bias=self.use_bias,
                      init_std=self.init_std, dtype=self.dtype)
     self.attn_dropout = Dropout(self.dropout_rate)
 
   def project(self, x: Array, query: Optional[Array] = None):
-    """(B,T,D) -> q, k, v each (B,T,H,K); q from `query` when given."""
+    """(B,T,D) -> q (B,T,H,K), k, v (B,T,G,K); q from `query` when given."""
     axes = ("act_batch", "act_len", "act_heads", "act_kv")
     q_in = x if query is None else query
     return tuple(constrain(p(y), axes) for p, y in
@@ -163,8 +172,8 @@ class MultiHeadAttention(nn.Module):
     return self.out(ctx)
 
   def attend(self, q, k, v, mask, bias=None, deterministic=True, scale=None):
-    """q, k, v (B,T,H,K) -> context (B,T,H,K) on the configured kernel; `scale` overrides
-    the module's."""
+    """q (B,T,H,K), k, v (B,T,G,K) -> context (B,T,H,K) on the configured kernel; `scale`
+    overrides the module's."""
     scale = self.scale if scale is None else scale
     use_dropout = not deterministic and self.dropout_rate > 0.0
     impl = call_time_impl(self.impl, q.shape[1], self.dropout_rate if use_dropout else 0.0,

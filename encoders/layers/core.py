@@ -1,4 +1,4 @@
-"""Dense maps, LayerNorm, activations and initialisers with logical axis names.
+"""Dense maps, LayerNorm and RMSNorm, activations and initialisers with logical axis names.
 
 Parameters are created with logical axis names (`vocab`, `embed`, `heads`, `kv`, `mlp`);
 activations are constrained with `act_*` names. Model code never names a mesh axis: one
@@ -139,3 +139,34 @@ class LayerNorm(nn.Module):
     if self.use_bias:
       y = y + self.param("bias", zeros_init(("embed",)), (d,), jnp.float32)
     return y.astype(self.dtype)
+
+
+class RMSNorm(nn.Module):
+  """RMSNorm over the last dim (Zhang & Sennrich 2019; Llama, EuroBERT): x / sqrt(mean(x^2)
+  + eps) * scale, statistics in float32; no centring and no bias. Its param is `scale`,
+  as LayerNorm's, so the weight-decay mask and sharding treat both alike."""
+  epsilon: float = 1e-6
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    d = x.shape[-1]
+    scale = self.param("scale", ones_init(("embed",)), (d,), jnp.float32)
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.square(xf).mean(-1, keepdims=True) + self.epsilon)
+    return (y * scale).astype(self.dtype)
+
+
+NORM_KINDS = ("layernorm", "rmsnorm")
+
+
+def make_norm(kind: str, epsilon: float, use_bias: bool = True, dtype: Dtype = jnp.float32):
+  """A norm factory (called with `name=`) by a config's norm kind: "layernorm" (with or
+  without a bias) or "rmsnorm" (which has none: use_bias must be False)."""
+  if kind == "layernorm":
+    return functools.partial(LayerNorm, epsilon, use_bias, dtype)
+  if kind == "rmsnorm":
+    if use_bias:
+      raise ValueError("norm_kind='rmsnorm' has no bias; set the norm bias off")
+    return functools.partial(RMSNorm, epsilon, dtype)
+  raise ValueError(f"unknown norm kind {kind!r}; use one of {NORM_KINDS}")

@@ -31,7 +31,9 @@ def kernel_stand_ins():
 def splash_attention(q: Array, k: Array, v: Array, segment_ids: Array,
                      scale: Optional[float] = None, interpret: bool = False,
                      local_window: Optional[int] = None) -> Array:
-  """Pallas Splash attention (TPU): q,k,v (B,T,H,K), segment_ids (B,T) -> (B,T,H,K).
+  """Pallas Splash attention (TPU): q (B,T,H,K), k, v (B,T,G,K), segment_ids (B,T) ->
+  (B,T,H,K). G < H is grouped-query attention: the kernel reads query head h against K/V
+  head h // (H / G) itself (its MQA/GQA form), so K/V are never repeated.
 
   Full bidirectional attention restricted to equal segment ids, so packed documents never
   see each other and padding (id 0) is never attended by a real token; blocks with no
@@ -55,6 +57,7 @@ def splash_attention(q: Array, k: Array, v: Array, segment_ids: Array,
 
   def local(q, k, v, seg):
     if _STAND_INS:
+      k, v = (repeat_kv(x, q.shape[2]) for x in (k, v))
       return q * k + v * (seg[:, :, None, None] > 0).astype(v.dtype)
     heads = q.shape[2]
     one_head = (sa.FullMask((t, t)) if not local_window else
@@ -87,11 +90,31 @@ def per_shard(local, what: str, qkv, segment_ids: Array, per_head=()):
   if spec[1] is not None or spec[3] is not None:
     raise ValueError(f"{what} shards only the batch and head dims; the rules map "
                      f"act_len/act_kv to {spec[1]}/{spec[3]}")
+  if spec[2] is not None:  # grouped-query K/V have fewer heads than q to split
+    names = spec[2] if isinstance(spec[2], tuple) else (spec[2],)
+    shards = math.prod(mesh.shape[n] for n in names)
+    uneven = sorted({x.shape[2] for x in qkv if x.shape[2] % shards})
+    if uneven:
+      raise ValueError(f"{what} splits heads over {shards} shards (act_heads -> {spec[2]}), "
+                       f"which {uneven[0]} heads do not divide (num_key_value_heads?)")
   P = jax.sharding.PartitionSpec
   heads = [P() if x is None else P(spec[2], *(None,) * (x.ndim - 1)) for x in per_head]
   in_specs = (P(*spec),) * len(qkv) + tuple(heads) + (P(spec[0], None),)
   return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=P(*spec),
                        check_vma=False)(*qkv, *per_head, segment_ids)
+
+
+def repeat_kv(x: Array, num_heads: int) -> Array:
+  """(B,T,G,K) -> (B,T,H,K): each K/V head repeated for its H / G query heads, in
+  transformers' repeat_kv order (query head h reads K/V head h // (H / G)). For reference
+  paths and tests; the kernels take the G heads as they are."""
+  return x if x.shape[2] == num_heads else jnp.repeat(x, num_heads // x.shape[2], axis=2)
+
+
+def _grouped(q: Array, kv_heads: int) -> Array:
+  """(B,T,H,K) -> (B,T,G,H/G,K): the query heads of each K/V head together."""
+  b, t, h, d = q.shape
+  return q.reshape(b, t, kv_heads, h // kv_heads, d)
 
 
 def rotary(x: Array, positions: Array, theta: float) -> Array:
@@ -118,11 +141,14 @@ def rope_positions(positions: Array, factor: float = 1.0) -> Array:
 
 
 def attention_scores_einsum(q, k, v, mask, bias=None, scale=None, dropout_fn=None):
-  """Reference attention: q,k,v (B,T,H,K), mask (B,1|H,T,T) bool, bias (B|1,H|1,T,T).
-  Scores and the probs @ V product accumulate in float32 whatever the input dtype
-  (bfloat16 scores would round QK^T before the softmax; every other path keeps float32
-  scores too), and the context comes back in v's dtype."""
+  """Reference attention: q (B,T,H,K), k, v (B,S,G,K) with G dividing H (grouped-query
+  when G < H), mask (B,1|H,T,S) bool, bias (B|1,H|1,T,S). Scores and the probs @ V
+  product accumulate in float32 whatever the input dtype (bfloat16 scores would round
+  QK^T before the softmax; every other path keeps float32 scores too), and the context
+  comes back in v's dtype."""
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+  if k.shape[2] != q.shape[2]:
+    return _grouped_einsum(q, k, v, mask, bias, scale, dropout_fn)
   scores = jnp.einsum("bqhk,bshk->bhqs", q, k, preferred_element_type=jnp.float32) * scale
   if bias is not None:
     scores = scores + bias.astype(jnp.float32)
@@ -134,6 +160,24 @@ def attention_scores_einsum(q, k, v, mask, bias=None, scale=None, dropout_fn=Non
                     preferred_element_type=jnp.float32).astype(v.dtype)
 
 
+def _grouped_einsum(q, k, v, mask, bias, scale, dropout_fn):
+  """`attention_scores_einsum` for G < H K/V heads: each K/V head against its query
+  heads, in one einsum (no repeated K/V)."""
+  b, t, h, _ = q.shape
+  g, s = k.shape[2], k.shape[1]
+  scores = jnp.einsum("bqgrk,bsgk->bgrqs", _grouped(q, g), k,
+                      preferred_element_type=jnp.float32).reshape(b, h, t, s) * scale
+  if bias is not None:
+    scores = scores + bias.astype(jnp.float32)
+  scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  if dropout_fn is not None:
+    probs = dropout_fn(probs)
+  ctx = jnp.einsum("bgrqs,bsgk->bqgrk", probs.reshape(b, g, h // g, t, s), v,
+                   preferred_element_type=jnp.float32)
+  return ctx.reshape(q.shape).astype(v.dtype)
+
+
 def attention_head_major(q, k, v, mask, bias=None, scale=None, dropout_fn=None):
   """The reference's math arranged for XLA's CPU backend: q,k,v (B,T,H,K) moved to
   (B,H,T,K) so both batched matmuls run on contiguous (T,K) tiles, and the softmax left
@@ -143,8 +187,16 @@ def attention_head_major(q, k, v, mask, bias=None, scale=None, dropout_fn=None):
   scaling, which equals dropping the normalised probabilities). About 2x faster than
   `jax.nn.dot_product_attention(implementation="xla")` on the CPU at T=128."""
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-  qh, kh, vh = (jnp.swapaxes(x, 1, 2) for x in (q * jnp.asarray(scale, q.dtype), k, v))
+  b, t, h, _ = q.shape
+  g, s = k.shape[2], k.shape[1]
+  if g != h:  # grouped-query: (B,G,H/G*T,K) query rows against each K/V head's (S,K)
+    qh = jnp.moveaxis(_grouped(q * jnp.asarray(scale, q.dtype), g), 1, 3)
+    qh = qh.reshape(b, g, (h // g) * t, q.shape[-1])
+  else:
+    qh = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)
+  kh, vh = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
   scores = jnp.einsum("bhqk,bhsk->bhqs", qh, kh, preferred_element_type=jnp.float32)
+  scores = scores.reshape(b, h, t, s)
   if bias is not None:
     scores = scores + bias.astype(jnp.float32)
   scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
@@ -154,7 +206,8 @@ def attention_head_major(q, k, v, mask, bias=None, scale=None, dropout_fn=None):
   unnorm = unnorm.astype(v.dtype)
   if dropout_fn is not None:
     unnorm = dropout_fn(unnorm)
-  ctx = jnp.einsum("bhqs,bhsk->bhqk", unnorm, vh, preferred_element_type=jnp.float32)
+  ctx = jnp.einsum("bhqs,bhsk->bhqk", unnorm.reshape(b, g, -1, s), vh,
+                   preferred_element_type=jnp.float32).reshape(b, h, t, -1)
   return jnp.swapaxes(ctx / denom, 1, 2).astype(v.dtype)
 
 
