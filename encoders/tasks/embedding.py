@@ -62,25 +62,29 @@ def pool(hidden, mask, mode: str = "mean"):
 
 
 def normalize(v):
-  return v / jnp.maximum(jnp.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
+  """Unit length (a zero vector stays zero, with a finite gradient: no norm's sqrt at 0)."""
+  return v * jax.lax.rsqrt(jnp.maximum(jnp.sum(v * v, axis=-1, keepdims=True), 1e-24))
 
 
 def info_nce(anchors, docs, weight, scale: float, symmetric: bool):
   """(loss sum over real anchors, correct count): anchors (B,D), docs (B,R,D) with the
   positive at r=0, weight (B,) 0 on filler rows (neither an anchor nor a candidate)."""
   b, r, d = docs.shape
+  real = weight > 0
   a = normalize(anchors)
   cand = normalize(docs).transpose(1, 0, 2).reshape(r * b, d)  # positives first, as MNRL
-  real = jnp.tile(weight > 0, r)
-  scores = jnp.where(real[None], scale * a @ cand.T, -jnp.inf)  # (B, R*B)
-  pos = jnp.diagonal(scores[:, :b])
+  sims = scale * a @ cand.T  # (B, R*B)
+  # filler rows: no candidate (a large negative, not -inf: 0 * inf would be NaN)
+  scores = jnp.where(jnp.tile(real, r)[None], sims, -1e9)
+  pos = jnp.diagonal(sims[:, :b])
   lse = jax.nn.logsumexp(scores, axis=1)
   if symmetric:  # each positive against every anchor; the per-direction mean
-    back = jnp.where((weight > 0)[None], scores[:, :b].T, -jnp.inf)
+    back = jnp.where(real[None], sims[:, :b].T, -1e9)
     lse = 0.5 * (lse + jax.nn.logsumexp(back, axis=1))
   w = weight.astype(jnp.float32)
   right = jnp.argmax(scores, axis=1) == jnp.arange(b)
-  return jnp.sum(w * (lse - pos)), jnp.sum(jnp.where(right, w, 0.0))
+  return (jnp.sum(jnp.where(real, w * (lse - pos), 0.0)),
+          jnp.sum(jnp.where(real & right, w, 0.0)))
 
 
 # ---- reading ------------------------------------------------------------------------------
@@ -330,15 +334,20 @@ class Embedding(Task):
     return out
 
   def synth_labels(self, rng, mask, first, num_labels, packed):
-    """Positives (and negatives): the anchors' rows, shuffled."""
+    """Positives (and negatives): texts of the lengths of the non-empty anchor rows, of
+    ids 5..29 (in any vocabulary: this hook is not told its size)."""
     b, width = mask.shape
-    ids = (rng.randint(5, 100, (b, width)) * mask).astype(np.int32)
-    one = {"input_ids": ids, "attention_mask": mask.astype(np.int32),
-           "token_type_ids": np.zeros((b, width), np.int32)}
-    out = {POSITIVE + k: v[rng.permutation(b)] for k, v in one.items()}
+    real = np.flatnonzero(mask.sum(1) > 0)
+    real = real if real.size else np.arange(b)
+
+    def texts():
+      m = mask[rng.choice(real, b)].astype(np.int32)
+      return {"input_ids": (rng.randint(5, 30, (b, width)) * m).astype(np.int32),
+              "attention_mask": m, "token_type_ids": np.zeros((b, width), np.int32)}
+    out = {POSITIVE + k: v for k, v in texts().items()}
     if self.num_negatives:
-      out.update({NEGATIVE + k: np.stack([v[rng.permutation(b)] for _ in range(
-          self.num_negatives)], 1) for k, v in one.items()})
+      negs = [texts() for _ in range(self.num_negatives)]
+      out.update({NEGATIVE + k: np.stack([n[k] for n in negs], 1) for k in TEXT})
     return out
 
   def run(self, encode, batch, rng):
