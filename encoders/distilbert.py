@@ -3,8 +3,9 @@
 BERT's post-LN layer without token types, without a pooler, with learned positions,
 initialised to the sin/cos table with `sinusoidal_pos_embds` (HF's name; transformers v5
 also keeps that table a trained parameter, so a fine-tuned checkpoint's stored table is
-loaded and run as it is), and one difference inside the layer: the attention output joins the residual without dropout (only the MLP output is
-dropped), as in the released model. Every LayerNorm uses eps 1e-12 (HF hard-codes it).
+loaded and run as it is), and one difference inside the layer: the attention output
+joins the residual without dropout (only the MLP output is dropped), as in the released
+model. Every LayerNorm uses eps 1e-12 (HF hard-codes it).
 The MLM head is BERT's (dense, activation, LayerNorm, decoder tied to the word
 embeddings). The paper's model is BERT-base halved: 6 layers of width 768 (66M params).
 """

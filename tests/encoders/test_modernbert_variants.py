@@ -73,7 +73,8 @@ def padded_batch(cfg, batch=3, length=11, seed=0):
 
 def torch_out(model, ids, mask):
   with torch.no_grad():
-    out = model(torch.tensor(ids), attention_mask=torch.tensor(mask), output_hidden_states=True)
+    out = model(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                output_hidden_states=True)
   return out.hidden_states[-1].numpy(), getattr(out, "logits", None)
 
 

@@ -63,9 +63,9 @@ def run_torch(model, ids, mask, types):
                  token_type_ids=torch.tensor(types), output_hidden_states=True)
 
 
-@pytest.mark.parametrize("arch,prefixed", [("XLMRobertaModel", False),
-                                           ("XLMRobertaForMaskedLM", False),
-                                           ("XLMRobertaModel", True)])
+@pytest.mark.parametrize("arch,prefixed", [
+    ("XLMRobertaModel", False), ("XLMRobertaForMaskedLM", False),
+    pytest.param("XLMRobertaModel", True, marks=pytest.mark.slow)])
 def test_parity_tiny_random(arch, prefixed, tmp_path):
   hf = tiny_hf(getattr(T, arch), seed=1)
   hf.save_pretrained(tmp_path)
@@ -94,7 +94,9 @@ def test_parity_tiny_random(arch, prefixed, tmp_path):
     assert out.mlm_logits is None
 
 
-@pytest.mark.parametrize("task", sorted(TASK_CLASSES))
+# (test_task_heads.py runs every task of every family at even shapes in the default suite)
+@pytest.mark.parametrize("task", ["qa", pytest.param("sequence", marks=pytest.mark.slow),
+                                  pytest.param("token", marks=pytest.mark.slow)])
 def test_task_heads_parity_and_export(task, tmp_path):
   labels = LABELS[task]
   kw = dict(id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)}
@@ -127,7 +129,8 @@ def test_task_heads_parity_and_export(task, tmp_path):
                                atol=1e-6)
 
 
-@pytest.mark.parametrize("heads", [("mlm",), ("pooler",)])
+@pytest.mark.parametrize("heads", [("mlm",),
+                                   pytest.param(("pooler",), marks=pytest.mark.slow)])
 def test_fresh_model_with_padded_vocabulary_exports_to_transformers(heads, tmp_path):
   cfg = encoders.family_defaults("xlm-roberta")
   cfg.update(vocab_size=101, hidden_size=36, num_hidden_layers=2, num_attention_heads=6,
@@ -157,7 +160,8 @@ def _count(cfg):
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
 
 
-@pytest.mark.parametrize("variant", ["base", pytest.param("large", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["base", "large"])
 def test_parameter_counts_match_transformers(variant):
   cfg = xlmr.defaults(variant)
   hf_dict, arch = xlmr_hf.XlmRobertaMapping().config_to_hf(cfg)
