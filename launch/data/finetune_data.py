@@ -199,25 +199,24 @@ def trim_to_bucket(batch: Dict[str, np.ndarray], buckets: Sequence[int]) -> Dict
   """The batch's (rows, ..., seq_len) arrays cut to the smallest bucket that holds every
   column any row attends to, so only padding columns (attention_mask 0 in every row)
   go. Several texts per row (`<prefix>attention_mask` with its `<prefix>input_ids`,
-  ...: a pair task's roles) are cut each by its own mask."""
-  out = dict(batch)
+  ...: a pair task's roles) are cut to one width, that of the longest text of any role
+  (a batch has one sequence length: objectives/spec.py)."""
   prefixes = [k[:-len("attention_mask")] for k in batch if k.endswith("attention_mask")]
-  for prefix in prefixes:
-    mask = batch[prefix + "attention_mask"]
-    seq_len = mask.shape[-1]
-    cols = mask.reshape(-1, seq_len).any(0)
-    longest = int(cols.nonzero()[0].max()) + 1 if cols.any() else 1
-    width = next(w for w in buckets if w >= longest)
-    if width >= seq_len:
-      continue
-    if prefixes == [""]:  # one text per row: every (rows, seq_len) array
-      group = [k for k, v in batch.items() if v.ndim == 2 and v.shape[1] == seq_len]
-    else:
-      group = [prefix + k for k in ("input_ids", "attention_mask", "token_type_ids")
-               if prefix + k in batch]
-    for k in group:
-      out[k] = batch[k][..., :width]
-  return out
+  masks = [batch[p + "attention_mask"] for p in prefixes]
+  seq_len = masks[0].shape[-1]
+  cols = np.zeros(seq_len, bool)
+  for m in masks:
+    cols |= m.reshape(-1, seq_len).any(0)
+  longest = int(cols.nonzero()[0].max()) + 1 if cols.any() else 1
+  width = next(w for w in buckets if w >= longest)
+  if width >= seq_len:
+    return batch
+  if prefixes == [""]:  # one text per row: every (rows, seq_len) array
+    group = [k for k, v in batch.items() if v.ndim == 2 and v.shape[1] == seq_len]
+  else:
+    group = [p + k for p in prefixes for k in ("input_ids", "attention_mask",
+                                               "token_type_ids") if p + k in batch]
+  return {k: (v[..., :width] if k in group else v) for k, v in batch.items()}
 
 
 def row_buckets(batch_size: int, unit: int = 1) -> Tuple[int, ...]:

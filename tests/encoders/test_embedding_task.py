@@ -203,7 +203,7 @@ def test_bad_pair_files_and_settings_are_named(tmp_path, bert_dir):
     assert part in str(e.value)
 
 
-def test_batches_cut_each_text_role_to_its_own_width():
+def test_batches_cut_every_text_role_to_the_longest_text():
   rows = 4
   mask = lambda n: (np.arange(64)[None] < n).repeat(rows, 0).astype(np.int32)
   batch = {"input_ids": mask(5), "attention_mask": mask(5), "token_type_ids": 0 * mask(5),
@@ -213,6 +213,8 @@ def test_batches_cut_each_text_role_to_its_own_width():
            "negative_input_ids": mask(20)[:, None].repeat(2, 1),
            "example_weight": np.ones(rows, np.float32)}
   out = fd.trim_to_bucket(batch, fd.length_buckets("auto", 64))
-  assert out["input_ids"].shape == out["token_type_ids"].shape == (rows, 16)
+  assert out["input_ids"].shape == out["token_type_ids"].shape == (rows, 48)
   assert out["positive_input_ids"].shape == out["positive_attention_mask"].shape == (rows, 48)
-  assert out["negative_input_ids"].shape == (rows, 2, 24)
+  assert out["negative_input_ids"].shape == (rows, 2, 48)
+  np.testing.assert_array_equal(out["positive_attention_mask"], batch[
+      "positive_attention_mask"][:, :48])  # only padding columns go
