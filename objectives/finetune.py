@@ -130,7 +130,10 @@ class Finetune(Objective):
     return self.apply(params, batch)
 
   def module_flops(self, name, seq_len, all_positions=False):
-    return model_forward_flops(self.model_config, seq_len, 0)
+    """The encoder's forward over each text of an example (`texts_per_example` of a task
+    that encodes several: a pair task's anchor, positive, negatives)."""
+    texts = int(getattr(self.unit, "texts_per_example", 1))
+    return texts * model_forward_flops(self.model_config, seq_len, 0)
 
   def batch_spec(self):
     fields = {k: Field(shape, dtype)

@@ -374,6 +374,10 @@ class Embedding(Task):
 
   cacheable = True  # the loss reads only `pooled`: the gradient cache applies
 
+  @property
+  def texts_per_example(self) -> int:
+    return 2 + self.num_negatives
+
   def loss(self, out, batch):
     """(term sums, metric sums) over the whole (global) batch: InfoNCE of each anchor
     against every positive and hard negative, summed over the Matryoshka dimensions."""
