@@ -147,11 +147,13 @@ def test_sentence_transformers_directory_loads(tmp_path):
   hf_cfg["architectures"] = ["MPNetForMaskedLM"]
   (tmp_path / "config.json").write_text(json.dumps(hf_cfg))
   model, params = encoders.from_hf(str(tmp_path), heads=("pooler",))
-  ids, mask = padded_batch(seed=7)
-  out = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask))
+  ids, mask = padded_batch(length=20, seed=7)
+  out = jax.jit(model.apply)({"params": params}, jnp.asarray(ids), jnp.asarray(mask))
   ref = torch_out(hf, ids, mask)
   assert_close(out.last_hidden_state, ref["last_hidden_state"], mask)
-  emb = tasks.embed(model, params, jnp.asarray(ids), jnp.asarray(mask))
+  assert_close(out.pooler_output, ref["pooler_output"], mask)
+  emb = tasks.mean_pool(out.last_hidden_state, jnp.asarray(mask))
+  emb = emb / jnp.linalg.norm(emb, axis=-1, keepdims=True)
   want = (ref["last_hidden_state"] * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
   want /= np.linalg.norm(want, axis=-1, keepdims=True)
   np.testing.assert_allclose(np.asarray(emb), want, atol=1e-5)
@@ -189,6 +191,7 @@ def test_packed_rows_equal_documents_run_alone():
                                np.asarray(alone.mlm_logits)[0], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow  # the kernels with a bias: tests/encoders/test_position_bias.py
 @pytest.mark.parametrize("impl", ["cpu", "xla"])
 def test_attention_paths_add_the_bias_as_the_reference(impl):
   model, params = _random_model("einsum")
@@ -202,6 +205,7 @@ def test_attention_paths_add_the_bias_as_the_reference(impl):
                              np.asarray(ref.last_hidden_state)[real], atol=1e-5)
 
 
+@pytest.mark.slow  # the table's own gradient: tests/encoders/test_position_bias.py
 def test_the_bias_table_is_trained():
   """The gradient reaches the shared table (through every layer), in the bucket rows the
   offsets of a 13-token row use."""
@@ -238,9 +242,10 @@ def test_config_errors_are_named():
   hf = dict(TINY, model_type="mpnet", relative_attention_num_buckets=16)
   with pytest.raises(ValueError, match="relative_attention_num_buckets"):
     mpnet_hf.MPNetMapping().config_from_hf(hf, ())
-  model, params = _random_model()
-  with pytest.raises(ValueError, match="maximum of 38"):
-    model.apply({"params": params}, jnp.ones((1, 39), jnp.int32))
+  cfg = mpnet.defaults("tiny")
+  cfg.max_position_embeddings = 40
+  with pytest.raises(ValueError, match="maximum of 38"):  # 2 positions before the first
+    encoders.build(cfg).apply({"params": {}}, jnp.ones((1, 39), jnp.int32))
 
 
 def test_parameter_count_matches_transformers():

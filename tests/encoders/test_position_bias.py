@@ -63,16 +63,24 @@ def test_buckets_are_exact_near_and_saturate_far():
 def test_module_is_a_table_lookup_at_offsets():
   module = layers.RelativePositionBias(num_heads=3, num_buckets=8, max_distance=20,
                                        table_size=11)
-  params = nn.unbox(module.init(jax.random.PRNGKey(0), 30))
+  params = nn.unbox(jax.jit(module.init, static_argnums=1)(jax.random.PRNGKey(0), 30))
   table = np.asarray(params["params"]["embedding"])
   assert table.shape == (11, 3)
-  bias = np.asarray(module.apply(params, 30))
+  apply = jax.jit(module.apply, static_argnums=1)
+  bias = np.asarray(apply(params, 30))
   assert bias.shape == (1, 3, 30, 30)
   pos = np.arange(30)
   buckets = np.asarray(layers.relative_position_bucket(pos[None] - pos[:, None], 8, 20))
   np.testing.assert_array_equal(bias[0], table[buckets].transpose(2, 0, 1))
   # Toeplitz: (i, j) depends on j - i only, so shifting a row shifts nothing
   np.testing.assert_array_equal(bias[0, :, 1:, 1:], bias[0, :, :-1, :-1])
+  # trained: each row's gradient counts the (i, j) pairs in its bucket, per head
+  grad = jax.grad(lambda p: apply(p, 30).sum())(params)["params"]["embedding"]
+  counts = np.bincount(buckets.ravel(), minlength=11)
+  np.testing.assert_array_equal(np.asarray(grad), np.repeat(counts[:, None], 3, 1))
+  # offset 0 takes bucket 0, so bucket 4 (keys after, distance 0) and the rows past the
+  # 8 buckets are never read
+  assert set(np.flatnonzero(counts)) == {0, 1, 2, 3, 5, 6, 7}
 
 
 def test_errors_are_named():
