@@ -9,9 +9,9 @@ What differs from BERT, and where it lives here:
 - a SwiGLU MLP, silu(x W_gate) * (x W_up) W_down (`Mlp(gated=True)`, one fused `wi`);
 - no biases (`attention_bias`, `mlp_bias`);
 - the MLM head is one untied linear map (`lm_head`, bias iff `mlp_bias`).
-Task heads (transformers' EuroBertFor*): sequence classification pools by
-`classifier_pooling` (bos -> the first token, mean), then dense + GELU + classifier;
-token classification is one linear layer per token.
+Task heads (transformers' EuroBertFor*): sequence classification is dense + GELU +
+classifier after `classifier_pooling` (bos: the first token, mean), or before it (late:
+per token, the logits averaged); token classification is one linear layer per token.
 """
 import functools
 
@@ -145,11 +145,11 @@ class EuroBert(model.Encoder):
   @staticmethod
   def task_heads(cfg):
     """transformers' EuroBertForSequenceClassification: [bos or mean pooling] -> dense
-    (with bias) -> GELU -> classifier, no dropout ("late" pooling, its default, applies
-    them per token and averages the logits: not a pooling the task model has, so it is
-    refused by name); EuroBertForTokenClassification: one linear layer per token."""
-    pooling = {"bos": "cls", "mean": "mean"}.get(cfg.get("classifier_pooling", "late"),
-                                                 "late")
+    (with bias) -> GELU -> classifier, no dropout; with "late" pooling (its default) the
+    head runs on every token and its logits are averaged over real tokens.
+    EuroBertForTokenClassification: one linear layer per token."""
+    pooling = {"bos": "cls"}.get(cfg.get("classifier_pooling", "late"),
+                                 cfg.get("classifier_pooling", "late"))
     return {"pooled": tasks.Head(pooling=pooling, act="gelu", dropout=0.0,
                                  hf={"dense": "dense", "out": "classifier"}),
             "per_token": tasks.Head(dropout=0.0, hf={"out": "classifier"})}

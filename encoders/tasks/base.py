@@ -31,7 +31,7 @@ from encoders import base, layers
 from encoders.tasks import data
 
 HEAD_KINDS = ("pooled", "per_token", "span")
-POOLINGS = ("pooler", "cls", "mean")
+POOLINGS = ("pooler", "cls", "mean", "late")
 SEQ = "T"  # a batch field's per-row shape entry that stands for the row width
 IGNORE = data.IGNORE
 
@@ -41,7 +41,9 @@ class Head:
   """One head kind of a family: [pool] -> [dropout, dense D->D, act, norm] -> dropout -> out.
 
   pooling   (pooled heads) "pooler": the family's pooler output (BERT, ALBERT); "cls": the
-            first token's hidden state; "mean": the mean over real tokens.
+            first token's hidden state; "mean": the mean over real tokens; "late": the
+            whole head on every token, then the mean of its outputs over real tokens
+            (EuroBERT's default: transformers averages the per-token logits).
   act       None, or the activation of the dense D->D transform before the output layer.
   norm      a LayerNorm after that transform; norm_bias, norm_eps (None: the model's).
   dropout   the classifier dropout rate (None: classifier_dropout,
@@ -459,6 +461,11 @@ class TaskModel(nn.Module):
     head = getattr(self, unit.head_name)
     if unit.head_kind != "pooled":
       return unit.outputs(h, head(h, deterministic), None)
+    if self.spec.pooling == "late":  # the head per token, its outputs averaged
+      per_token = head(h, deterministic)
+      logits = (self._segment_mean(per_token, segment_ids) if segment_ids is not None
+                else mean_pool(per_token, attention_mask))
+      return unit.outputs(h, logits, None)
     if segment_ids is not None:
       pooled = self._pool_segments(h, segment_ids)
     else:
@@ -479,11 +486,16 @@ class TaskModel(nn.Module):
     if pooling == "pooler":  # the family's pooler applied to each token as a first token
       b, t, d = h.shape
       return self.backbone.pooler(h.reshape(b * t, 1, d)).reshape(b, t, -1)
-    # mean: each token gets the float32 mean over the real tokens of its segment
+    return self._segment_mean(h, segment_ids).astype(h.dtype)
+
+  @staticmethod
+  def _segment_mean(x, segment_ids):
+    """(B,T,F), (B,T) -> (B,T,F) float32: at each token, the mean over the real tokens of
+    its segment."""
     seg = segment_ids.astype(jnp.int32)
     same = ((seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)).astype(jnp.float32)
-    total = jnp.einsum("bts,bsd->btd", same, h.astype(jnp.float32))
-    return (total / jnp.maximum(same.sum(-1), 1.0)[..., None]).astype(h.dtype)
+    total = jnp.einsum("bts,bsd->btd", same, x.astype(jnp.float32))
+    return total / jnp.maximum(same.sum(-1), 1.0)[..., None]
 
 
 def task_config(model_config, task: str):

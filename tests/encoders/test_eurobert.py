@@ -1,5 +1,5 @@
 """EuroBERT: parity with transformers in float32 on padded batches (base model, MLM head,
-sequence classification with bos and mean pooling, token classification; 6 query heads
+sequence classification with late, bos and mean pooling, token classification; 6 query heads
 over 2 K/V heads, an odd MLP width; scanned and not), exports that transformers loads with
 no missing or unexpected keys, the hub's older config format, parameter counts of the
 released sizes, and the tiny config."""
@@ -84,7 +84,7 @@ def test_parity_with_biases_on_the_cpu_path(tmp_path):
                              torch_out(hf, ids, mask)[real], atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("pooling", ["bos", "mean"])
+@pytest.mark.parametrize("pooling", ["late", "bos", "mean"])
 def test_sequence_classification_parity_and_export(pooling, tmp_path):
   hf = tiny_hf(T.EuroBertForSequenceClassification, seed=5, classifier_pooling=pooling,
                num_labels=3)
@@ -92,10 +92,21 @@ def test_sequence_classification_parity_and_export(pooling, tmp_path):
   model, params = tasks_hf.from_hf(str(tmp_path / "src"))
   assert model.task == "sequence" and model.num_labels == 3
   ids, mask = padded_batch(seed=6)
-  out = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask))
+  apply = jax.jit(model.apply)
+  out = apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask))
   ref = torch_out(hf, ids, mask)
   np.testing.assert_allclose(np.asarray(out.logits), ref, atol=ATOL, rtol=0)
   assert np.abs(ref).max() > 1e-3
+  # more padding changes nothing; packed rows (segment ids) give each example its logits
+  wide = np.pad(ids, ((0, 0), (0, 5))), np.pad(mask, ((0, 0), (0, 5)))
+  np.testing.assert_allclose(np.asarray(apply({"params": params}, *map(jnp.asarray, wide))
+                                        .logits), ref, atol=1e-5, rtol=0)
+  n0, n2 = int(mask[0].sum()), int(mask[2].sum())
+  row = np.concatenate([ids[0, :n0], ids[2, :n2], [0]])[None]
+  seg = np.array([[1] * n0 + [2] * n2 + [0]])
+  packed = apply({"params": params}, jnp.asarray(row), jnp.asarray(seg > 0),
+                 segment_ids=jnp.asarray(seg)).logits
+  np.testing.assert_allclose(np.asarray(packed)[0, [0, n0]], ref[[0, 2]], atol=1e-5, rtol=0)
   tasks_hf.to_hf(model, params, str(tmp_path / "out"))
   loaded, info = T.EuroBertForSequenceClassification.from_pretrained(
       str(tmp_path / "out"), output_loading_info=True, attn_implementation="eager")
@@ -117,14 +128,6 @@ def test_token_classification_parity_and_export(tmp_path):
   _, info = T.EuroBertForTokenClassification.from_pretrained(
       str(tmp_path / "out"), output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"], info
-
-
-def test_late_pooling_is_refused_by_name(tmp_path):
-  hf = tiny_hf(T.EuroBertForSequenceClassification, seed=5)
-  assert hf.config.classifier_pooling == "late"  # transformers' default
-  hf.save_pretrained(tmp_path)
-  with pytest.raises(ValueError, match="late"):
-    tasks_hf.from_hf(str(tmp_path))
 
 
 @pytest.mark.parametrize("cls", [T.EuroBertModel, T.EuroBertForMaskedLM])
