@@ -82,6 +82,8 @@ class EuroBertMapping(Mapping):
     for key in ("bos_token_id", "eos_token_id", "mask_token_id"):  # keep inside the vocab
       if hf[key] is not None and not 0 <= hf[key] < cfg.vocab_size:
         hf[key] = None
+    if hf["mask_token_id"] is None:  # transformers requires an int: its default then
+      del hf["mask_token_id"]
     arch = "EuroBertForMaskedLM" if "mlm" in cfg.heads else "EuroBertModel"
     return hf, arch
 

@@ -231,3 +231,6 @@ def test_tiny_config_builds_and_layernorm_is_a_config_switch():
     assert out.mlm_logits.shape == (2, 16, 99)
     outs.append(np.asarray(out.last_hidden_state))
   assert np.abs(outs[0] - outs[1]).max() > 1e-3  # the switch reaches the model
+  # special ids of the released vocabulary outside a trained one: a config transformers takes
+  hf, _ = eb_hf.EuroBertMapping().config_to_hf(cfg)
+  assert T.EuroBertConfig(**hf).pad_token_id == 0 and hf.get("bos_token_id") is None
