@@ -139,6 +139,8 @@ def load(path: str, batch_size: int = 32, **overrides) -> Pipeline:
     path = spec.transformer_dir
   if tasks_hf.is_task_model(path):
     model, params = tasks_hf.from_hf(path, **overrides)
+  elif spec is not None:
+    model, params = _base_model(path, **overrides)
   else:
     model, params = hf.from_hf(path, **overrides)
   if not os.path.isfile(os.path.join(path, "tokenizer.json")) and not os.path.isfile(
@@ -152,6 +154,20 @@ def load(path: str, batch_size: int = 32, **overrides) -> Pipeline:
                         if tok.normalizer is not None else normalizers.Lowercase())
     max_length = spec.max_seq_length or _tokenizer_max_length(path)
   return Pipeline(model, params, tok, batch_size, max_length=max_length, sentence_spec=spec)
+
+
+def _base_model(path: str, **overrides):
+  """The encoder of a sentence-transformers Transformer module. sentence-transformers loads
+  the base model of whatever checkpoint it holds (all-mpnet-base-v2's config names
+  MPNetForMaskedLM over base-model weights): the heads its config names, else the pooler,
+  else none, whichever set the file holds exactly (still no missing or unused tensor)."""
+  first = None
+  for heads in (None, ("pooler",), ()):
+    try:
+      return hf.from_hf(path, heads=heads, **overrides)
+    except ValueError as e:
+      first = first or e
+  raise first
 
 
 def _tokenizer_max_length(path: str) -> Optional[int]:

@@ -217,3 +217,31 @@ def test_chunked_tokenizing_keeps_input_order(st_dirs):
   np.testing.assert_allclose(small, big, atol=1e-5, rtol=0)
   theirs = SentenceTransformer(path, device="cpu").encode(texts)
   np.testing.assert_allclose(small, theirs, atol=2e-5, rtol=0)
+
+
+def test_base_model_of_a_checkpoint_naming_a_head(tmp_path):
+  """all-mpnet-base-v2's layout: base-model weights under a config naming
+  MPNetForMaskedLM. sentence-transformers runs the base model; so does embed (the heads
+  loaded are those the file holds exactly: here the pooler)."""
+  import torch
+  import transformers as T
+  from sentence_transformers import SentenceTransformer
+  Transformer, Pooling, _, Normalize = _st_modules()
+  src = str(tmp_path / "mpnet")
+  fh.write_tokenizer(src)
+  torch.manual_seed(0)
+  cfg = T.MPNetConfig(vocab_size=len(fh.VOCAB), hidden_size=32, num_hidden_layers=2,
+                      num_attention_heads=4, intermediate_size=48, max_position_embeddings=70)
+  T.MPNetModel(cfg).eval().save_pretrained(src)
+  with open(os.path.join(src, "config.json")) as f:
+    hf_cfg = json.load(f)
+  hf_cfg["architectures"] = ["MPNetForMaskedLM"]
+  with open(os.path.join(src, "config.json"), "w") as f:
+    json.dump(hf_cfg, f)
+  out = str(tmp_path / "st")
+  SentenceTransformer(modules=[Transformer(src, max_seq_length=24), Pooling(32), Normalize()],
+                      device="cpu").save(out)
+  texts = _texts(5, long_every=2, long_words=40)
+  theirs = SentenceTransformer(out, device="cpu").encode(texts)
+  np.testing.assert_allclose(pipelines.embed(pipelines.load(out), texts), theirs, atol=2e-5,
+                             rtol=0)
