@@ -99,7 +99,8 @@ def resolve_attention(cfg, platform, seq_len=None) -> str:
     return f"attention: {cfg.get('attention_impl')} (set in the config){line}"
   heads = cfg.get("num_attention_heads")
   args = (dropout, dtype_for(cfg.get("dtype", "auto"), platform),
-          cfg.hidden_size // heads if heads else None, cfg.get("family", "bert"))
+          cfg.hidden_size // heads if heads else None, cfg.get("family", "bert"),
+          bool(cfg.get("relative_attention_num_buckets")))  # a shared score bias
   impl, reason = attention.choose_impl(platform, seq_len, *args)
   if platform == "tpu" and not seq_len and attention.choose_impl(
       platform, min(kernels.SPLASH_BLOCKS), *args)[0] == "splash":

@@ -47,6 +47,14 @@ def defaults() -> ml_collections.ConfigDict:
   m.remat_policy = "none"  # none | full | dots_saveable | dots_with_no_batch_dims_saveable
   m.scan_layers = False  # nn.scan over layers: params stacked under encoder/layers (L, ...)
   m.vocab_pad_multiple = 1  # >1 pads the embedding table; padded rows are never predicted
+  # Shared primitives a BERT switches on by config (no transformers BERT has them, so such a
+  # model does not export to a BertModel): grouped-query attention (K/V heads; 0: one per
+  # query head), the layers' norm (layernorm | rmsnorm), and a T5-style bucketed relative
+  # position bias shared by all layers (buckets, 0: none), as MPNet's.
+  m.num_key_value_heads = 0
+  m.norm_kind = "layernorm"
+  m.relative_attention_num_buckets = 0
+  m.relative_attention_max_distance = 128
   return m
 
 
@@ -94,7 +102,8 @@ def post_ln_block(c, dtype):
   """BERT's post-LN layer (also ALBERT's): a block factory."""
   mlp = functools.partial(layers.Mlp, c.intermediate_size, c.hidden_size, c.hidden_act,
                           init_std=c.initializer_range, dtype=dtype)
-  norm = functools.partial(layers.LayerNorm, c.layer_norm_eps, dtype=dtype)
+  kind = c.get("norm_kind", "layernorm")
+  norm = layers.make_norm(kind, c.layer_norm_eps, use_bias=kind == "layernorm", dtype=dtype)
   block_cls = layers.remat_block(layers.EncoderBlock, c.remat_policy)
   return functools.partial(block_cls, attention_factory(c, dtype), mlp, norm,
                            dropout_rate=c.hidden_dropout_prob)
@@ -149,4 +158,8 @@ class Bert(model.Encoder):
         heads={"pooler": functools.partial(heads.Pooler, c.hidden_size, std, dtype),
                "mlm": functools.partial(heads.MlmHead, c.vocab_size, c.hidden_size,
                                         c.hidden_act, c.layer_norm_eps, std, dtype),
-               "nsp": functools.partial(heads.Classifier, 2, std, dtype)})
+               "nsp": functools.partial(heads.Classifier, 2, std, dtype)},
+        position_bias=functools.partial(
+            layers.RelativePositionBias, c.num_attention_heads,
+            c.relative_attention_num_buckets, c.get("relative_attention_max_distance", 128),
+            init_std=std) if c.get("relative_attention_num_buckets") else None)

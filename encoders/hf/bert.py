@@ -76,6 +76,17 @@ class BertMapping(Mapping):
     return m
 
   def config_to_hf(self, cfg):
+    extras = {}
+    if cfg.get("num_key_value_heads") not in (None, 0, cfg.num_attention_heads):
+      extras["num_key_value_heads"] = cfg.num_key_value_heads
+    if cfg.get("relative_attention_num_buckets"):
+      extras["relative_attention_num_buckets"] = cfg.relative_attention_num_buckets
+    if cfg.get("norm_kind", "layernorm") != "layernorm":
+      extras["norm_kind"] = cfg.norm_kind
+    if extras:
+      raise ValueError(f"a BERT with {extras} has no transformers class to export to "
+                       "(BertModel has one K/V head per query head, LayerNorm and no "
+                       "relative bias)")
     roberta = cfg.position_style == "roberta"
     hf = {key: cfg[key] for key in _CONSUMED}
     hf.update(model_type="roberta" if roberta else "bert",
