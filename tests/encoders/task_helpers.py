@@ -14,6 +14,9 @@ TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_he
 EXTRA = {"albert": dict(embedding_size=16, num_hidden_layers=4, num_hidden_groups=2,
                         inner_group_num=2, hidden_act="gelu_new"),
          "distilbert": dict(hidden_dim=37),  # its MLP width is hidden_dim
+         # XLM-R creates its parameters in another order than RoBERTa: with type_vocab_size
+         # 1 (its released value) the seeded random tagger tags something
+         "xlm-roberta": dict(type_vocab_size=1),
          # ModernBERT: special ids inside the tiny vocabulary; a window smaller than the
          # batch's rows; global, local, local, global layers.
          "modernbert": dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
