@@ -18,6 +18,8 @@ PAD = dict(vocab_pad_multiple=8)
 
 # Per HF model type: what its tiny config needs beyond TINY, and keys it names otherwise.
 EXTRA = {
+    "eurobert": dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, mask_token_id=3,
+                     num_key_value_heads=2),
     "albert": dict(H.ALBERT_TINY),
     "roberta": dict(pad_token_id=1, type_vocab_size=1),
     "distilbert": dict(hidden_dim=40, activation="gelu"),

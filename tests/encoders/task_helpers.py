@@ -17,6 +17,9 @@ EXTRA = {"albert": dict(embedding_size=16, num_hidden_layers=4, num_hidden_group
          # XLM-R creates its parameters in another order than RoBERTa: with type_vocab_size
          # 1 (its released value) the seeded random tagger tags something
          "xlm-roberta": dict(type_vocab_size=1),
+         # EuroBERT: special ids inside the tiny vocabulary, 2 K/V heads for 4 query heads
+         "eurobert": dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, mask_token_id=3,
+                          num_key_value_heads=2),
          # ModernBERT: special ids inside the tiny vocabulary; a window smaller than the
          # batch's rows; global, local, local, global layers.
          "modernbert": dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,

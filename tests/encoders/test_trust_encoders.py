@@ -21,6 +21,7 @@ from tests.encoders import hf_helpers as H
 SMALL = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
              intermediate_size=40, max_position_embeddings=40)
 FAMILY_EXTRA = {
+    "eurobert": dict(pad_token_id=0, num_key_value_heads=2),
     "albert": dict(embedding_size=16, num_hidden_groups=1),
     "electra": dict(embedding_size=16, heads=("mlm", "rtd")),
     "deberta": dict(embedding_size=32, max_relative_positions=16, type_vocab_size=2),
