@@ -541,7 +541,8 @@ def tiny_preprocess(argv):
 
 # launch.aot / launch.bench: 2 layers of width 64 (their programs keep the recipe's shape)
 MODEL_SMALL = {"model.num_hidden_layers": "2", "model.hidden_size": "64",
-               "model.num_attention_heads": "2", "model.intermediate_size": "128"}
+               "model.num_attention_heads": "2", "model.intermediate_size": "128",
+               "model.num_key_value_heads": "2"}  # GQA families: as many K/V heads
 
 
 def tiny_aot(argv):
