@@ -22,9 +22,8 @@ from typing import Dict, Optional, Tuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import safetensors
 import safetensors.numpy
-
-from encoders.hf import stream
 
 # sentence-transformers' order when several modes are concatenated (its legacy flags' order)
 MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -125,17 +124,26 @@ def _read_dense(path: str) -> Dense:
   if not act.startswith("torch.") or name not in ACTIVATIONS:
     raise ValueError(f"{path}: Dense activation {act!r} is not supported "
                      f"(supported: {sorted(ACTIVATIONS)})")
-  tensors = stream.Tensors(path)
-  keys = set(tensors)
+  weights = os.path.join(path, "model.safetensors")
+  if not os.path.isfile(weights):
+    raise ValueError(f"{path}: no model.safetensors (encoder-zoo never unpickles a "
+                     "pytorch_model.bin; convert it to safetensors first)")
+  try:
+    with safetensors.safe_open(weights, framework="numpy") as f:
+      tensors = {k: f.get_tensor(k).astype(np.float32) for k in f.keys()}
+  except Exception as e:  # safetensors raises its own error types for a corrupt header
+    raise ValueError(f"{weights}: not a readable safetensors file ({e})") from None
   want = {"linear.weight"} | ({"linear.bias"} if cfg.get("bias", True) else set())
-  if keys != want:
-    raise ValueError(f"{path}: Dense weights hold {sorted(keys)}, expected {sorted(want)}")
-  weight = tensors.read("linear.weight")
+  if set(tensors) != want:
+    raise ValueError(f"{path}: Dense weights hold {sorted(tensors)}, expected {sorted(want)}")
+  weight = tensors["linear.weight"]
   shape = (int(cfg["out_features"]), int(cfg["in_features"]))
   if weight.shape != shape:
     raise ValueError(f"{path}: linear.weight has shape {weight.shape}, config says {shape}")
-  bias = tensors.read("linear.bias") if "linear.bias" in keys else None
-  return Dense(weight, bias, name)
+  for key, x in tensors.items():
+    if not np.isfinite(x).all():
+      raise ValueError(f"{path}: {key} holds non-finite values (NaN or inf)")
+  return Dense(weight, tensors.get("linear.bias"), name)
 
 
 def read(path: str) -> Optional[Spec]:
@@ -223,8 +231,8 @@ def pool(hidden: jax.Array, mask: jax.Array, modes=("mean",), prompt_length=None
     if mode == "cls":
       first = jnp.argmax(m, axis=1)
       out.append(jnp.take_along_axis(h, first[:, None, None], axis=1)[:, 0])
-    elif mode == "max":
-      out.append(jnp.where(m[..., None] > 0, h, -jnp.inf).max(1))
+    elif mode == "max":  # finite fill: a row with no token stays finite (and its gradient)
+      out.append(jnp.where(m[..., None] > 0, h, jnp.finfo(jnp.float32).min).max(1))
     elif mode == "mean":
       out.append(jnp.einsum("btd,bt->bd", h, m) / n)
     elif mode == "mean_sqrt_len_tokens":

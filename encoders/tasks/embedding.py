@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from encoders import sentence
 from encoders.tasks import data, metrics
 from encoders.tasks.base import SEQ, Task, TaskOutput, register
 from encoders.tasks.data import DataError, Row
@@ -45,20 +46,11 @@ METRICS = ("recall@1", "recall@10", "mrr@10", "spearman")
 
 
 def pool(hidden, mask, mode: str = "mean"):
-  """(B,T,D), (B,T) -> (B,D) float32, as sentence-transformers' Pooling: the mean over
-  real tokens, the first token, the last real token (right padding) or the max."""
-  h = hidden.astype(jnp.float32)
-  m = mask.astype(jnp.float32)[..., None]
-  if mode == "mean":
-    return (h * m).sum(1) / jnp.maximum(m.sum(1), 1e-9)
-  if mode == "cls":
-    return h[:, 0]
-  if mode == "lasttoken":
-    last = jnp.maximum(mask.astype(jnp.int32).sum(1) - 1, 0)
-    return jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
-  if mode == "max":
-    return jnp.where(m > 0, h, -1e9).max(1)
-  raise ValueError(f"pooling {mode!r} is not one of {POOLINGS}")
+  """(B,T,D), (B,T) -> (B,D) float32, as sentence-transformers' Pooling (encoders/sentence.py):
+  the mean over real tokens, the first token, the last real token or the max."""
+  if mode not in POOLINGS:
+    raise ValueError(f"pooling {mode!r} is not one of {POOLINGS}")
+  return sentence.pool(hidden, mask, (mode,))
 
 
 def normalize(v):
@@ -406,26 +398,10 @@ class Embedding(Task):
 
 
 def write_sentence_transformers(path, dim, pooling, max_seq_length, e):
-  """modules.json, 1_Pooling/config.json, 2_Normalize/, sentence_bert_config.json and
-  config_sentence_transformers.json (prompts, cosine similarity) into `path`."""
-  modules = [("0", "", "Transformer"), ("1", "1_Pooling", "Pooling"),
-             ("2", "2_Normalize", "Normalize")]
-  with open(os.path.join(path, "modules.json"), "w") as fp:
-    json.dump([{"idx": i, "name": n, "path": p, "type": f"sentence_transformers.models.{t}"}
-               for i, (n, p, t) in enumerate(modules)], fp, indent=2)
-  os.makedirs(os.path.join(path, "1_Pooling"), exist_ok=True)
-  os.makedirs(os.path.join(path, "2_Normalize"), exist_ok=True)
-  modes = {"mean": "mean_tokens", "cls": "cls_token", "lasttoken": "lasttoken",
-           "max": "max_tokens"}
-  cfg = {"word_embedding_dimension": dim, "include_prompt": True}
-  cfg.update({f"pooling_mode_{m}": m == modes[pooling] for m in (
-      "cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens",
-      "lasttoken")})
-  with open(os.path.join(path, "1_Pooling", "config.json"), "w") as fp:
-    json.dump(cfg, fp, indent=2)
-  with open(os.path.join(path, "sentence_bert_config.json"), "w") as fp:
-    json.dump({"max_seq_length": max_seq_length, "do_lower_case": False}, fp, indent=2)
+  """The sentence-transformers files (encoders/sentence.py's writer) into `path`: this
+  pooling, Normalize, max_seq_length, the query/document prompts, cosine similarity."""
   prompts = {k: str(e.get(f"{k}_prompt", "")) for k in ("query", "document")}
-  with open(os.path.join(path, "config_sentence_transformers.json"), "w") as fp:
-    json.dump({"prompts": {k: v for k, v in prompts.items() if v},
-               "default_prompt_name": None, "similarity_fn_name": "cosine"}, fp, indent=2)
+  sentence.write(path, sentence.Spec(pooling=(pooling,), normalize=True,
+                                     max_seq_length=max_seq_length,
+                                     prompts={k: v for k, v in prompts.items() if v},
+                                     similarity_fn_name="cosine"), dim)
