@@ -32,16 +32,15 @@ _LEGACY = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
            "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
            "pooling_mode_weightedmean_tokens": "weightedmean",
            "pooling_mode_lasttoken": "lasttoken"}
-# Dense activations sentence-transformers stores by class path, by their class name
-ACTIVATIONS = {"Tanh": jnp.tanh, "Identity": lambda x: x, "ReLU": jax.nn.relu,
-               "GELU": lambda x: jax.nn.gelu(x, approximate=False), "Sigmoid": jax.nn.sigmoid,
-               "SiLU": jax.nn.silu}
-_TORCH_PATHS = {"Tanh": "torch.nn.modules.activation.Tanh",
-                "Identity": "torch.nn.modules.linear.Identity",
-                "ReLU": "torch.nn.modules.activation.ReLU",
-                "GELU": "torch.nn.modules.activation.GELU",
-                "Sigmoid": "torch.nn.modules.activation.Sigmoid",
-                "SiLU": "torch.nn.modules.activation.SiLU"}
+# Dense activations sentence-transformers stores by torch class path: name -> (fn, path)
+_DENSE_ACTS = {
+    "Tanh": (jnp.tanh, "torch.nn.modules.activation.Tanh"),
+    "Identity": (lambda x: x, "torch.nn.modules.linear.Identity"),
+    "ReLU": (jax.nn.relu, "torch.nn.modules.activation.ReLU"),
+    "GELU": (lambda x: jax.nn.gelu(x, approximate=False), "torch.nn.modules.activation.GELU"),
+    "Sigmoid": (jax.nn.sigmoid, "torch.nn.modules.activation.Sigmoid"),
+    "SiLU": (jax.nn.silu, "torch.nn.modules.activation.SiLU"),
+}
 KINDS = ("Transformer", "Pooling", "Dense", "Normalize")
 
 
@@ -121,9 +120,9 @@ def _read_dense(path: str) -> Dense:
       raise ValueError(f"{path}: a Dense module with {key} {cfg[key]!r} is not supported")
   act = str(cfg.get("activation_function", "torch.nn.modules.activation.Tanh"))
   name = act.rsplit(".", 1)[-1]
-  if not act.startswith("torch.") or name not in ACTIVATIONS:
+  if not act.startswith("torch.") or name not in _DENSE_ACTS:
     raise ValueError(f"{path}: Dense activation {act!r} is not supported "
-                     f"(supported: {sorted(ACTIVATIONS)})")
+                     f"(supported: {sorted(_DENSE_ACTS)})")
   weights = os.path.join(path, "model.safetensors")
   if not os.path.isfile(weights):
     raise ValueError(f"{path}: no model.safetensors (encoder-zoo never unpickles a "
@@ -258,7 +257,7 @@ def head(spec: Spec, pooled: jax.Array) -> jax.Array:
     x = x @ jnp.asarray(d.weight).T
     if d.bias is not None:
       x = x + jnp.asarray(d.bias)
-    x = ACTIVATIONS[d.activation](x)
+    x = _DENSE_ACTS[d.activation][0](x)
   if spec.normalize:
     x = x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
   return x
@@ -292,7 +291,7 @@ def write(path: str, spec: Spec, hidden_size: int) -> None:
     with open(os.path.join(path, sub, "config.json"), "w") as f:
       json.dump({"in_features": int(d.weight.shape[1]), "out_features": int(d.weight.shape[0]),
                  "bias": d.bias is not None,
-                 "activation_function": _TORCH_PATHS[d.activation]}, f, indent=2)
+                 "activation_function": _DENSE_ACTS[d.activation][1]}, f, indent=2)
     tensors = {"linear.weight": np.asarray(d.weight, np.float32)}
     if d.bias is not None:
       tensors["linear.bias"] = np.asarray(d.bias, np.float32)
