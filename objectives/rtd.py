@@ -70,7 +70,8 @@ def generator_config(disc_cfg, obj_cfg) -> ml_collections.ConfigDict:
   """The generator's model section: the discriminator's, with hidden size, intermediate
   size and attention heads scaled by `generator_width` and the layer count by
   `generator_depth` (Clark et al. 2020, Table 6: 1/4 for Small and Large, 1/3 for Base),
-  and the "mlm" head only. The embedding width (`embedding_size`, where the family has
+  and the "mlm" head only (key/value heads, where the family groups them, scale alike).
+  The embedding width (`embedding_size`, where the family has
   one) is kept, so the tables can be shared."""
   width = float(obj_cfg.get("generator_width", 0.25))
   depth = float(obj_cfg.get("generator_depth", 1.0))
@@ -84,6 +85,14 @@ def generator_config(disc_cfg, obj_cfg) -> ml_collections.ConfigDict:
   if hidden % n_heads:
     raise ValueError(f"generator_width={width}: hidden size {hidden} does not split into "
                      f"{n_heads} attention heads; choose another width")
+  kv = int(g.get("num_key_value_heads", 0) or 0)  # 0: as many K/V heads as heads
+  if kv:
+    # grouped-query attention keeps its ratio of query heads to K/V heads
+    kv = max(1, round(kv * width))
+    if n_heads % kv:
+      raise ValueError(f"generator_width={width}: {n_heads} attention heads do not group "
+                       f"into {kv} key/value heads; choose another width")
+    g.num_key_value_heads = kv
   g.hidden_size = hidden
   g.num_attention_heads = n_heads
   g.intermediate_size = max(1, round(g.intermediate_size * width))

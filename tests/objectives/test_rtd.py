@@ -63,6 +63,37 @@ def test_generator_is_a_fraction_of_the_discriminator():
     rtd.generator_config(c.model, c.objective)
 
 
+def test_generator_of_a_grouped_query_discriminator():
+  # K/V heads scale with the query heads; a model section naming as many K/V heads as
+  # heads (plain attention, as the docs' small AOT commands do) stays buildable
+  c = _config(width=0.25, depth=0.5)
+  c.model.num_attention_heads, c.model.num_key_value_heads = 8, 4
+  c.model.hidden_size, c.model.intermediate_size = 128, 256
+  g = rtd.generator_config(c.model, c.objective)
+  assert (g.num_attention_heads, g.num_key_value_heads, g.hidden_size) == (2, 1, 32)
+  c.model.num_attention_heads, c.model.num_key_value_heads = 2, 2
+  c.model.hidden_size = 64
+  g = rtd.generator_config(c.model, c.objective)
+  assert (g.num_attention_heads, g.num_key_value_heads) == (1, 1)
+  c.model.num_attention_heads, c.model.num_key_value_heads = 12, 4
+  c.model.hidden_size = 96
+  c.objective.generator_width = 0.5  # 6 heads over 2 K/V heads: fine
+  assert rtd.generator_config(c.model, c.objective).num_key_value_heads == 2
+  c.objective.generator_width = 1 / 3  # 4 heads over 1 K/V head: fine
+  assert rtd.generator_config(c.model, c.objective).num_key_value_heads == 1
+  c.model.num_attention_heads, c.model.num_key_value_heads = 10, 5
+  c.model.hidden_size = 100
+  c.objective.generator_width = 0.6  # 6 heads over 3 K/V heads
+  assert rtd.generator_config(c.model, c.objective).num_key_value_heads == 3
+  c.model.num_key_value_heads = 2
+  c.objective.generator_width = 0.7  # 7 heads over round(1.4) = 1: fine
+  assert rtd.generator_config(c.model, c.objective).num_key_value_heads == 1
+  c.objective.generator_width = 0.9  # 9 heads over round(1.8) = 2: refused
+  c.model.hidden_size = 90
+  with pytest.raises(ValueError, match="key/value heads"):
+    rtd.generator_config(c.model, c.objective)
+
+
 def test_bad_settings_are_refused():
   for key, value, match in (("sharing", "both", "sharing"), ("temperature", 0.0, "temperature"),
                             ("disc_weight", -1.0, "disc_weight"),
