@@ -85,7 +85,10 @@ def resolve_attention(cfg, platform, seq_len=None) -> str:
   model built before its inputs are known, e.g. by `encoders.from_hf`), an "auto" that
   only the length decides stays "auto": each call then picks for its own length."""
   line = ""
-  dropout = float(cfg.get("attention_probs_dropout_prob", 0.0) or 0.0)
+  # attention-probability dropout only where the family has it: a ModernBERT section made
+  # from BERT's defaults (fine-tuning's init_from) keeps a 0.1 no layer reads
+  has_dropout = "attention_probs_dropout_prob" in family_defaults(cfg.get("family", "bert"))
+  dropout = float(cfg.get("attention_probs_dropout_prob", 0.0) or 0.0) if has_dropout else 0.0
   if cfg.get("relative_impl") == "auto":
     impl, reason = relative.choose_impl(platform, seq_len, dropout)
     if platform == "tpu" and not seq_len and relative.choose_impl(

@@ -24,6 +24,10 @@ Layout = Sequence[Sequence[int]]  # per row: the lengths of the documents packed
 Synthesizer = Callable[[Layout, int, np.random.RandomState], Dict[str, np.ndarray]]
 
 SEQ = "T"  # a per-row shape entry that stands for the row width (sequence length)
+# a second row width, cut apart from SEQ's: a pair task's second text role (the embedding
+# task's documents, while its short queries keep their own width)
+SEQ2 = "T2"
+WIDTHS = (SEQ, SEQ2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +38,7 @@ class Field:
   doc: str = ""
 
   def row_shape(self, seq_len: int) -> Tuple[int, ...]:
-    return tuple(seq_len if d == SEQ else int(d) for d in self.shape)
+    return tuple(seq_len if d in WIDTHS else int(d) for d in self.shape)
 
 
 class BatchSpec:
@@ -75,7 +79,7 @@ class BatchSpec:
 
   def check(self, batch: Dict[str, np.ndarray]):
     """Raises ValueError naming a field whose shape or dtype kind is not the spec's."""
-    rows = seq = None
+    rows, seq = None, {}  # width symbol -> its length in this batch
     for k, f in self.fields.items():
       x = batch[k]
       shape = tuple(np.shape(x))
@@ -86,10 +90,10 @@ class BatchSpec:
       if shape[0] != rows:
         raise ValueError(f"batch field {k!r} has {shape[0]} rows, others have {rows}")
       for d, n in zip(f.shape, shape[1:]):
-        if d == SEQ:
-          seq = n if seq is None else seq
-          if n != seq:
-            raise ValueError(f"batch field {k!r} has length {n}, others have {seq}")
+        if d in WIDTHS:
+          seq.setdefault(d, n)
+          if n != seq[d]:
+            raise ValueError(f"batch field {k!r} has length {n}, others have {seq[d]}")
         elif n != d:
           raise ValueError(f"batch field {k!r} has shape {shape}; expected (rows,) + "
                            f"{f.shape}")

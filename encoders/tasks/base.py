@@ -33,6 +33,7 @@ from encoders.tasks import data
 HEAD_KINDS = ("pooled", "per_token", "span")
 POOLINGS = ("pooler", "cls", "mean", "late")
 SEQ = "T"  # a batch field's per-row shape entry that stands for the row width
+SEQ2 = "T2"  # a second row width (objectives/spec.py): a second text role, cut on its own
 IGNORE = data.IGNORE
 
 
@@ -160,6 +161,9 @@ class Task:
   formats: Tuple[str, ...] = ()  # finetune.data_format values `read` knows
   metrics: Tuple[str, ...] = ()  # what `score` returns (numbers)
   selection: str = ""  # the metric that picks the best epoch (finetune.selection_metric)
+  # Several texts per row (`<prefix>input_ids`, ...): the field prefixes cut to one width
+  # together, per group (None: every text of a row at the width of the longest)
+  width_groups: Optional[Tuple[Tuple[str, ...], ...]] = None
 
   @property
   def head_name(self) -> str:

@@ -36,7 +36,7 @@ import numpy as np
 
 from encoders import sentence
 from encoders.tasks import data, metrics
-from encoders.tasks.base import SEQ, Task, TaskOutput, register
+from encoders.tasks.base import SEQ, SEQ2, Task, TaskOutput, register
 from encoders.tasks.data import DataError, Row
 
 POOLINGS = ("mean", "cls", "lasttoken", "max")
@@ -62,21 +62,26 @@ def info_nce(anchors, docs, weight, scale: float, symmetric: bool):
   """(loss sum over real anchors, correct count): anchors (B,D), docs (B,R,D) with the
   positive at r=0, weight (B,) 0 on filler rows (neither an anchor nor a candidate)."""
   b, r, d = docs.shape
-  real = weight > 0
+  w = weight.astype(jnp.float32)
+  # filler rows as a float mask (1 - sign), not a boolean one: on a mesh the mask is
+  # gathered, and a gathered boolean becomes a collective XLA's TPU cost model cannot price
+  filler = 1.0 - jnp.sign(w)
   a = normalize(anchors)
   cand = normalize(docs).transpose(1, 0, 2).reshape(r * b, d)  # positives first, as MNRL
   sims = scale * a @ cand.T  # (B, R*B)
-  # filler rows: no candidate (a large negative, not -inf: 0 * inf would be NaN)
-  scores = jnp.where(jnp.tile(real, r)[None], sims, -1e9)
-  pos = jnp.diagonal(sims[:, :b])
+  # filler rows: no candidate (-1e9, which |sims| <= scale cannot move in float32; not
+  # -inf: 0 * inf would be NaN)
+  scores = sims - 1e9 * jnp.tile(filler, r)[None]
+  # each anchor's own positive as a row-wise dot product, not the diagonal of `sims`: the
+  # diagonal's gradient is a scatter, which the TPU compiler offloads to the SparseCore
+  # and its cost model then cannot price (launch.aot had no step time)
+  pos = scale * jnp.sum(a * cand[:b], axis=-1)
   lse = jax.nn.logsumexp(scores, axis=1)
   if symmetric:  # each positive against every anchor; the per-direction mean
-    back = jnp.where(real[None], sims[:, :b].T, -1e9)
+    back = sims[:, :b].T - 1e9 * filler[None]
     lse = 0.5 * (lse + jax.nn.logsumexp(back, axis=1))
-  w = weight.astype(jnp.float32)
-  right = jnp.argmax(scores, axis=1) == jnp.arange(b)
-  return (jnp.sum(jnp.where(real, w * (lse - pos), 0.0)),
-          jnp.sum(jnp.where(real & right, w, 0.0)))
+  right = (jnp.argmax(scores, axis=1) == jnp.arange(b)).astype(jnp.float32)
+  return jnp.sum(w * (lse - pos)), jnp.sum(w * right)
 
 
 # ---- reading ------------------------------------------------------------------------------
@@ -317,12 +322,17 @@ class Embedding(Task):
 
   # ---- training -------------------------------------------------------------------------
 
+  # queries (often a title or a question) and documents are each cut to their own width,
+  # as sentence-transformers pads each text column to its own longest: a batch of short
+  # queries does not run at the documents' width
+  width_groups = (("",), (POSITIVE, NEGATIVE))
+
   def batch_fields(self, packed=False):
-    one = {k: ((SEQ,), "int32") for k in TEXT}
-    out = dict(one, **{POSITIVE + k: v for k, v in one.items()},
+    out = {k: ((SEQ,), "int32") for k in TEXT}
+    out.update({POSITIVE + k: ((SEQ2,), "int32") for k in TEXT},
                example_weight=((), "float32"))
     if self.num_negatives:
-      out.update({NEGATIVE + k: ((self.num_negatives, SEQ), "int32") for k in TEXT})
+      out.update({NEGATIVE + k: ((self.num_negatives, SEQ2), "int32") for k in TEXT})
     return out
 
   def synth_labels(self, rng, mask, first, num_labels, packed):

@@ -195,28 +195,41 @@ def length_buckets(spec, seq_len: int) -> Tuple[int, ...]:
   return tuple(w for w in widths if w < seq_len) + (seq_len,)
 
 
-def trim_to_bucket(batch: Dict[str, np.ndarray], buckets: Sequence[int]) -> Dict:
+def trim_to_bucket(batch: Dict[str, np.ndarray], buckets: Sequence[int],
+                   groups: Optional[Sequence[Sequence[str]]] = None) -> Dict:
   """The batch's (rows, ..., seq_len) arrays cut to the smallest bucket that holds every
   column any row attends to, so only padding columns (attention_mask 0 in every row)
   go. Several texts per row (`<prefix>attention_mask` with its `<prefix>input_ids`,
-  ...: a pair task's roles) are cut to one width, that of the longest text of any role
-  (a batch has one sequence length: objectives/spec.py)."""
+  ...: a pair task's roles) are cut to one width, that of the longest text of any role;
+  with `groups` (a task's `width_groups`: tuples of prefixes), each group to its own."""
   prefixes = [k[:-len("attention_mask")] for k in batch if k.endswith("attention_mask")]
-  masks = [batch[p + "attention_mask"] for p in prefixes]
-  seq_len = masks[0].shape[-1]
-  cols = np.zeros(seq_len, bool)
-  for m in masks:
-    cols |= m.reshape(-1, seq_len).any(0)
-  longest = int(cols.nonzero()[0].max()) + 1 if cols.any() else 1
-  width = next(w for w in buckets if w >= longest)
-  if width >= seq_len:
-    return batch
-  if prefixes == [""]:  # one text per row: every (rows, seq_len) array
-    group = [k for k, v in batch.items() if v.ndim == 2 and v.shape[1] == seq_len]
+  if groups is None:
+    groups = [prefixes]
   else:
-    group = [p + k for p in prefixes for k in ("input_ids", "attention_mask",
-                                               "token_type_ids") if p + k in batch]
-  return {k: (v[..., :width] if k in group else v) for k, v in batch.items()}
+    groups = [[p for p in g if p in prefixes] for g in groups]
+    missing = [p for p in prefixes if not any(p in g for g in groups)]
+    if missing:
+      raise ValueError(f"text fields with prefixes {missing} are in no width group")
+  out = dict(batch)
+  for group in groups:
+    if not group:
+      continue
+    masks = [batch[p + "attention_mask"] for p in group]
+    seq_len = masks[0].shape[-1]
+    cols = np.zeros(seq_len, bool)
+    for m in masks:
+      cols |= m.reshape(-1, seq_len).any(0)
+    longest = int(cols.nonzero()[0].max()) + 1 if cols.any() else 1
+    width = next(w for w in buckets if w >= longest)
+    if width >= seq_len:
+      continue
+    if group == [""] and prefixes == [""]:  # one text per row: every (rows, seq_len) array
+      keys = [k for k, v in batch.items() if v.ndim == 2 and v.shape[1] == seq_len]
+    else:
+      keys = [p + k for p in group for k in ("input_ids", "attention_mask",
+                                             "token_type_ids") if p + k in batch]
+    out.update({k: batch[k][..., :width] for k in keys})
+  return out
 
 
 def row_buckets(batch_size: int, unit: int = 1) -> Tuple[int, ...]:
@@ -304,7 +317,7 @@ def pack_rows(batch: Dict[str, np.ndarray], task, rows: Sequence[int],
 
 def batches(arrays: Dict[str, np.ndarray], batch_size: int, seed: Optional[int] = None,
             buckets: Optional[Sequence[int]] = None, pack: Optional[Dict] = None,
-            start: int = 0):
+            start: int = 0, groups: Optional[Sequence[Sequence[str]]] = None):
   """Batches of `batch_size` rows (shuffled by `seed` when given); the last is padded
   with copies of row 0 at example_weight 0, so every batch has `batch_size` rows. With
   `buckets` (length_buckets), each batch's sequence arrays are cut to the smallest
@@ -313,7 +326,8 @@ def batches(arrays: Dict[str, np.ndarray], batch_size: int, seed: Optional[int] 
   seen), each batch's `batch_size` examples are packed into rows of the arrays' width
   instead (no cut: the rows are full, their count adapts). `start`: the batches from
   that index on (a resumed epoch: the same order, the first `start` batches not built;
-  pack's `seen` must then be the one saved with the position)."""
+  pack's `seen` must then be the one saved with the position). `groups`: the task's
+  `width_groups` (trim_to_bucket)."""
   n = len(arrays["example_weight"])
   order = np.arange(n) if seed is None else np.random.default_rng(seed).permutation(n)
   for lo in range(int(start) * batch_size, n, batch_size):
@@ -327,4 +341,4 @@ def batches(arrays: Dict[str, np.ndarray], batch_size: int, seed: Optional[int] 
     if pack is not None:  # rows filled to the width: the row count adapts instead
       yield pack_rows(b, **pack)
     else:
-      yield trim_to_bucket(b, buckets) if buckets else b
+      yield trim_to_bucket(b, buckets, groups) if buckets else b

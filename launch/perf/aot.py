@@ -40,6 +40,7 @@ import jax
 import ml_collections
 from jax.experimental import topologies
 
+import objectives
 from encoders import base
 from encoders.layers import kernels
 from launch import trainer
@@ -164,6 +165,10 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
   topo = get_topology(topology)
   devices = list(topo.devices)
   config = ml_collections.ConfigDict(config.to_dict())
+  try:  # init_from / a teacher directory: the model the run trains (no weights are read)
+    objectives.prepare_config(config)
+  except ValueError as e:
+    raise AotError(str(e)) from e
   seq = seq or config.data.seq_len
   config.data.global_batch = global_batch
   config.data.seq_len = seq

@@ -178,7 +178,8 @@ class _Epochs:
           job.t_epoch = time.perf_counter()
         self._it = iter(fd.batches(job.train, job.global_batch,
                                    seed=job.seed * 1000 + self.epoch, buckets=job.buckets,
-                                   pack=job.pack, start=self.batch))
+                                   pack=job.pack, start=self.batch,
+                                   groups=job.task.width_groups))
       try:
         b = next(self._it)
       except StopIteration:

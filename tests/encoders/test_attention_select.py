@@ -52,6 +52,24 @@ def test_tpu_recipe_configs_get_splash_at_512(variant):
   assert cfg.attention_impl == "splash" and "Splash" in line
 
 
+def test_a_leftover_dropout_key_the_family_lacks_does_not_cost_splash():
+  # fine-tuning's init_from lays a ModernBERT directory's settings over BERT's defaults:
+  # attention_probs_dropout_prob=0.1 stays in the section, but no ModernBERT layer reads it
+  from configs import finetune
+  from encoders import modernbert  # noqa: F401 - registers the family
+  cfg = ml_collections.ConfigDict(finetune.get_config("embedding").model.to_dict())
+  assert cfg.attention_probs_dropout_prob > 0
+  for k, v in base.family_defaults("modernbert").items():
+    cfg[k] = v
+  assert "attention_probs_dropout_prob" not in base.family_defaults("modernbert")
+  line = base.resolve_attention(cfg, "tpu", 512)
+  assert cfg.attention_impl == "splash" and "Splash" in line
+  bert = ml_collections.ConfigDict(finetune.get_config("embedding").model.to_dict())
+  bert.attention_impl = "auto"
+  base.resolve_attention(bert, "tpu", 512)  # BERT reads it: its dropout still rules
+  assert bert.attention_impl == "xla"
+
+
 def test_bert_large_recipe_scans_its_layers_for_compile_time():
   """BERT-large's TPU step compiles in under 5 minutes on a 2-core CPU only scanned
   (docs/benchmarks.md); base stays unrolled."""

@@ -203,7 +203,7 @@ def test_bad_pair_files_and_settings_are_named(tmp_path, bert_dir):
     assert part in str(e.value)
 
 
-def test_batches_cut_every_text_role_to_the_longest_text():
+def test_queries_and_documents_are_cut_each_to_their_own_width():
   rows = 4
   mask = lambda n: (np.arange(64)[None] < n).repeat(rows, 0).astype(np.int32)
   batch = {"input_ids": mask(5), "attention_mask": mask(5), "token_type_ids": 0 * mask(5),
@@ -212,9 +212,67 @@ def test_batches_cut_every_text_role_to_the_longest_text():
            "negative_attention_mask": mask(20)[:, None].repeat(2, 1),
            "negative_input_ids": mask(20)[:, None].repeat(2, 1),
            "example_weight": np.ones(rows, np.float32)}
-  out = fd.trim_to_bucket(batch, fd.length_buckets("auto", 64))
+  buckets = fd.length_buckets("auto", 64)
+  # without groups, every role at the longest text's width
+  out = fd.trim_to_bucket(batch, buckets)
   assert out["input_ids"].shape == out["token_type_ids"].shape == (rows, 48)
   assert out["positive_input_ids"].shape == out["positive_attention_mask"].shape == (rows, 48)
   assert out["negative_input_ids"].shape == (rows, 2, 48)
   np.testing.assert_array_equal(out["positive_attention_mask"], batch[
       "positive_attention_mask"][:, :48])  # only padding columns go
+  # the embedding task's groups: the queries at their own width (5 -> 16), the positives
+  # and negatives together at the longest document's (40 -> 48)
+  task = embedding.Embedding().configured(finetune_configs.get_config("embedding").finetune)
+  task.num_negatives = 2
+  out = fd.trim_to_bucket(batch, buckets, task.width_groups)
+  assert out["input_ids"].shape == out["attention_mask"].shape == (rows, 16)
+  assert out["positive_input_ids"].shape == (rows, 48)
+  assert out["negative_input_ids"].shape == out["negative_attention_mask"].shape == (rows, 2, 48)
+  np.testing.assert_array_equal(out["attention_mask"], batch["attention_mask"][:, :16])
+  np.testing.assert_array_equal(out["negative_input_ids"], batch["negative_input_ids"][..., :48])
+  # the task's batch spec accepts the two widths, and still refuses a document role whose
+  # width differs from the other document role's
+  from objectives.spec import BatchSpec, Field
+  spec = BatchSpec({k: Field(shape, dt) for k, (shape, dt) in task.batch_fields().items()},
+                   None)
+  full = dict(out, token_type_ids=out["input_ids"] * 0,
+              positive_token_type_ids=out["positive_input_ids"] * 0,
+              negative_token_type_ids=out["negative_input_ids"] * 0)
+  spec.check(full)
+  with pytest.raises(ValueError, match="negative_input_ids"):
+    spec.check(dict(full, negative_input_ids=full["negative_input_ids"][..., :40]))
+  with pytest.raises(ValueError, match="in no width group"):
+    fd.trim_to_bucket(batch, buckets, (("",), ("positive_",)))
+
+
+def test_cutting_each_role_to_its_width_keeps_the_loss_and_gradients(bert_dir):
+  """The trainer's gradients of a batch at the full width and of the same batch with the
+  queries and the documents cut each to its own bucket: equal (padding columns only)."""
+  from launch.trainer import state as state_lib
+  from launch.trainer import step as step_lib
+  c = finetune_configs.get_config("embedding").unlock()
+  c.init_from = bert_dir
+  c.finetune.embedding.negative_columns = ("negative",)
+  c.data.seq_len, c.data.global_batch = 64, 8
+  objectives.prepare_config(c)
+  setup = state_lib.build(c, None, jax.devices()[:1])
+  state = setup.init_state()
+  spec = setup.objective.batch_spec()
+  rng = np.random.RandomState(0)
+  short = spec.synthesize([[int(n)] for n in rng.randint(3, 9, 7)] + [[]], 64, seed=1)
+  long = spec.synthesize([[int(n)] for n in rng.randint(20, 40, 7)] + [[]], 64, seed=2)
+  full = {k: (long[k] if k.startswith(("positive_", "negative_")) else short[k])
+          for k in short}
+  cut = fd.trim_to_bucket(full, fd.length_buckets("auto", 64),
+                          setup.objective.unit.width_groups)
+  assert cut["input_ids"].shape == (8, 16) and cut["positive_input_ids"].shape == (8, 48)
+
+  @jax.jit
+  def grads(params, frozen, b):
+    return step_lib.gradients(setup.objective, params, frozen, b, jax.random.PRNGKey(3), 1)
+  want, want_sums = grads(state.params, state.frozen, full)
+  got, got_sums = grads(state.params, state.frozen, cut)
+  np.testing.assert_allclose(got_sums["task_loss_sum"], want_sums["task_loss_sum"], rtol=1e-6)
+  assert got_sums["task_weight_sum"] == 7
+  for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-4)  # float32 sums of other lengths
