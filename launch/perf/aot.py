@@ -33,6 +33,7 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+import sys
 import time
 from typing import Any, Dict, Optional, Sequence
 
@@ -201,8 +202,9 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
       "compiler_options": trainer.compiler_options(config, "tpu") or {},
       "config": runinfo.config_summary(config, setup.objective),
       "hbm_capacity_bytes": capacity, "peak_flops_per_device": peak}
+  programs = report["compile_programs"] = []  # (program, seconds): each compile apart
   try:
-    compiled = setup.train_step.lower(setup.abstract_state, batch).compile()
+    compiled = _compile(setup, batch, "the train step", programs)
   except Exception as e:  # noqa: BLE001 - the compiler's OOM is a result, not a crash
     if _is_oom(e):
       report.update(fits=False, compile_error=str(e).strip().splitlines()[0][:500])
@@ -227,7 +229,8 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
   report["splash_kernel_in_hlo"] = any(  # a custom call, not just a name in metadata
       "splash" in c["name"].lower() for c in kernel_cost.custom_calls(hlo))
   if report["fits"]:
-    est, notes, priced_hlo = _step_time_estimate(config, tok, devices, setup, batch, est, hlo)
+    est, notes, priced_hlo = _step_time_estimate(config, tok, devices, setup, batch, est, hlo,
+                                                 programs)
     bandwidth = kernel_cost.hbm_bandwidth(kind)
     if bandwidth is None:
       raise AotError(f"HBM bandwidth of {kind!r} is not in launch/perf/kernel_cost.py's table")
@@ -235,7 +238,7 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
     if kernels["calls"] and est is not None and est > 0:
       report["xla_with_opaque_kernels_s"] = est
       est, priced_hlo = _xla_part_without_kernels(config, tok, devices, batch,
-                                                  _has_loop(hlo))
+                                                  _has_loop(hlo), programs)
       notes.append("XLA's part priced on a twin with each Pallas kernel replaced by an "
                    "elementwise stand-in (same inputs and output); the kernels by roofline")
     if notes:
@@ -254,7 +257,7 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
   return report
 
 
-def _step_time_estimate(config, tok, devices, setup, batch, est, hlo):
+def _step_time_estimate(config, tok, devices, setup, batch, est, hlo, programs):
   """XLA's cost-model time of the step, and notes on how it was obtained.
 
   The TPU cost model prices a while loop's body once, not per trip, so a step with
@@ -276,9 +279,9 @@ def _step_time_estimate(config, tok, devices, setup, batch, est, hlo):
     twin.optimizer.grad_accum_steps = 1
     price_setup = trainer.build(twin, tok, devices=devices)
     notes.append("layers unrolled and no accumulation loop (XLA prices a loop body once)")
-    est, loops, hlo = _price(price_setup, batch)
+    est, loops, hlo = _price(price_setup, batch, "the unrolled twin", programs)
   if est is None or est <= 0:
-    est, loops, hlo = _estimate_without_transform(price_setup, batch)
+    est, loops, hlo = _estimate_without_transform(price_setup, batch, programs)
     notes.append("without the objective's batch transform, which XLA's TPU cost model "
                  "could not price")
   if loops:
@@ -286,7 +289,7 @@ def _step_time_estimate(config, tok, devices, setup, batch, est, hlo):
   return est, notes, hlo
 
 
-def _xla_part_without_kernels(config, tok, devices, batch, unroll: bool):
+def _xla_part_without_kernels(config, tok, devices, batch, unroll: bool, programs):
   """XLA's cost-model time of the step, and the twin's HLO text, with every Pallas kernel
   replaced by a cheap elementwise stand-in (`kernels.kernel_stand_ins`). XLA cannot see
   inside a kernel, and the price it gives an opaque custom call is not the kernel's: on
@@ -300,9 +303,9 @@ def _xla_part_without_kernels(config, tok, devices, batch, unroll: bool):
     twin.optimizer.grad_accum_steps = 1
   with kernels.kernel_stand_ins():
     stand_in = trainer.build(twin, tok, devices=devices)
-    est, _, hlo = _price(stand_in, batch)
+    est, _, hlo = _price(stand_in, batch, "the kernel stand-in twin", programs)
     if est is None or est <= 0:
-      est, _, hlo = _estimate_without_transform(stand_in, batch)
+      est, _, hlo = _estimate_without_transform(stand_in, batch, programs)
   return est, hlo
 
 
@@ -310,15 +313,26 @@ def _has_loop(hlo: str) -> bool:
   return bool(re.search(r"\bwhile\(", hlo or ""))
 
 
-def _price(setup, batch):
+def _compile(setup, batch, name, programs):
+  """`setup.train_step` compiled for `batch`; its seconds (lowering included) appended to
+  `programs` as (name, seconds), and the start said on stderr (a long compile shows which
+  program it is in)."""
+  print(f"compiling {name} ...", file=sys.stderr, flush=True)
+  t0 = time.perf_counter()
+  compiled = setup.train_step.lower(setup.abstract_state, batch).compile()
+  programs.append((name, time.perf_counter() - t0))
+  return compiled
+
+
+def _price(setup, batch, name, programs):
   """XLA's cost-model time of `setup.train_step` on `batch`, whether the compiled
   program has a while loop, and its HLO text."""
-  compiled = setup.train_step.lower(setup.abstract_state, batch).compile()
+  compiled = _compile(setup, batch, name, programs)
   hlo = compiled.as_text() or ""
   return _optimal_seconds(xla_cost(compiled), hlo), _has_loop(hlo), hlo
 
 
-def _estimate_without_transform(setup, batch):
+def _estimate_without_transform(setup, batch, programs):
   """`_price` of the train step with `objective.transform` done beforehand: the step is
   traced with an identity transform on a batch shaped like the transform's output."""
   objective = setup.objective
@@ -329,7 +343,7 @@ def _estimate_without_transform(setup, batch):
   pre = synthetic.row_sharded(shapes, setup.batch_sharding)
   objective.transform = lambda b, rng: b
   try:
-    return _price(setup, pre)
+    return _price(setup, pre, "the twin without the batch transform", programs)
   finally:
     del objective.transform
 
@@ -356,7 +370,10 @@ def format_report(r: Dict[str, Any]) -> str:
     lines.append(f"DOES NOT FIT: the TPU compiler ran out of memory: {r['compile_error']}")
     return "\n".join(lines)
   m = r["memory"]
-  lines.append(f"compile: {r['compile_s']:.1f} s")
+  programs = r.get("compile_programs") or []
+  lines.append(f"compile: {r['compile_s']:.1f} s" + (
+      f" (the step, set-up included); {len(programs)} programs compiled: " + ", ".join(
+          f"{name} {s:.0f} s" for name, s in programs) if len(programs) > 1 else ""))
   lines.append(f"HBM per device: {gib(m['total'])} of {gib(r['hbm_capacity_bytes'])} "
                f"({100 * m['total'] / r['hbm_capacity_bytes']:.1f}%)  [arguments "
                f"{gib(m['arguments'])}, outputs {gib(m['outputs'])}, donated "

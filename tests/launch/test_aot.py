@@ -45,6 +45,11 @@ def test_tpu_recipe_gets_splash_and_compiles_sharded_for_v5p(libtpu, tmp_path):
       "stand-in (same inputs and output); the kernels by roofline"]
   assert r["xla_with_opaque_kernels_s"] > 0
   assert "HBM per device" in p.stdout and "implied MFU" in p.stdout
+  # each program's compile time apart: the step, then its stand-in twin
+  assert [name for name, _ in r["compile_programs"]] == ["the train step",
+                                                         "the kernel stand-in twin"]
+  assert all(s > 0 for _, s in r["compile_programs"])
+  assert "2 programs compiled: the train step" in p.stdout
   # the config's scoped-VMEM limit is what the step was compiled with, and the report says so
   assert r["compiler_options"] == {"xla_tpu_scoped_vmem_limit_kib": 98304}
   assert ("TPU compiler options: xla_tpu_scoped_vmem_limit_kib=98304 "
@@ -195,8 +200,13 @@ def test_fallback_twin_prices_the_step_with_the_transform_done_beforehand():
   setup = trainer.build(c, tok, devices=devices)
   batch = synthetic.abstract_batch(setup.objective, 4, 32, setup.batch_sharding)
   before = setup.objective.transform
-  est, notes, hlo = aot._step_time_estimate(c, tok, devices, setup, batch, None, "")
+  programs = []
+  est, notes, hlo = aot._step_time_estimate(c, tok, devices, setup, batch, None, "",
+                                            programs)
   assert hlo  # the priced program, for the kernel roofline
+  # each compile is timed apart, under its name
+  assert [name for name, _ in programs] == ["the twin without the batch transform"]
+  assert programs[0][1] > 0
   assert notes[0] == ("without the objective's batch transform, which XLA's TPU cost "
                       "model could not price")
   # (XLA:CPU lowers JAX's threefry key derivation as a while loop, hence maybe this note.)
