@@ -23,10 +23,12 @@ The price of one call: max(FLOPs / peak, bytes / HBM bandwidth) / efficiency.
   generation until a TPU measurement replaces it. It is a stated assumption, printed with
   every estimate and overridable (`--kernel_efficiency`).
 DeBERTa's fused relative attention (encoders/layers/relative_kernel.py; names
-`deberta_rel_{fwd,dq,dkv}__<terms>`): C x C x K matmul units per tile from
-`relative_kernel.matmul_units` (forward 2 + 2 per term, the dq kernel 3 + 2 per term + 4
-with c2p, the dk/dv kernel 4 + 2 per term + 4 with p2c), the terms read from the name;
-each unit over the whole T x T square is 2 * (query rows) * Tk * K FLOPs as above.
+`deberta_rel_{fwd,bwd}__<terms>`): C x C x K matmul units per tile from
+`relative_kernel.matmul_units` (forward 2 + 2 per term; the one fused backward 5 + 6 per
+term plus 128 / K per term for its column-reversal permutation), the terms read from the
+name; each unit over the whole T x T square is 2 * (query rows) * Tk * K FLOPs as above.
+The kernel skips tiles in which no query may see any key (packed documents, padding), so
+its work depends on the data; the price is the dense case, an upper bound for packed rows.
 Custom calls that are not known kernels are listed as unpriced (the estimate is then a
 lower bound), never silently dropped.
 """
@@ -83,12 +85,12 @@ def custom_calls(hlo: str) -> List[Dict[str, Any]]:
   return calls
 
 
-def _matmuls(name: str, q, results, has_dq_kernel: bool) -> Optional[int]:
+def _matmuls(name: str, q, results, has_dq_kernel: bool) -> Optional[float]:
   n = name.lower()
   if "deberta_rel_" in n:
     for kernel in relative_kernel.KERNEL_NAMES:
       if kernel in n:
-        return relative_kernel.matmul_units(kernel, "c2p" in n, "p2c" in n)
+        return relative_kernel.matmul_units(kernel, "c2p" in n, "p2c" in n, q[-1])
     return None
   if "splash" not in n and "flash" not in n:
     return None

@@ -1,7 +1,9 @@
 """The fused DeBERTa attention kernel (encoders/layers/relative_kernel.py), run in the
-Pallas interpreter on the CPU: values and gradients (q, k, v and both relative tables)
-equal the gather reference's bias fed to the reference attention, on padded and packed
-batches, for both terms and each alone; its skew helpers place what they claim."""
+Pallas interpreter on the CPU: values and gradients (q, k, v and both relative tables) of
+its forward and its one fused backward equal the gather reference's bias fed to the
+reference attention, on padded and packed batches, for both terms and each alone, at
+tiles of 128 and 256; skipping the tiles packed documents never share changes no bit;
+its skew helpers place what they claim at every tile size."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +15,8 @@ from encoders.layers import relative_kernel as rk_lib
 C = rk_lib.BLOCK
 
 
-def test_skew_and_unskew_are_transposes():
+@pytest.mark.parametrize("C", [C, pytest.param(2 * C, marks=pytest.mark.slow)])
+def test_skew_and_unskew_are_transposes(C):  # noqa: N803
   x = jax.random.normal(jax.random.PRNGKey(0), (C, 2 * C))
   a, b = np.meshgrid(np.arange(C), np.arange(C), indexing="ij")
   skew_fn = jax.jit(lambda x: rk_lib._skew(x, C))  # roll_p has a lowering, no eager rule
@@ -41,20 +44,23 @@ def _inputs(t, seed, span=16, heads=2, kdim=8):
 SLOW = pytest.mark.slow  # default-suite time: each interpreted case costs 7-18 s
 
 
-@pytest.mark.parametrize("terms,packed", [
-    pytest.param(("c2p", "p2c"), False, marks=SLOW), (("c2p", "p2c"), True),
-    pytest.param(("c2p",), False, marks=SLOW), pytest.param(("p2c",), True, marks=SLOW)])
-def test_fused_kernel_equals_reference(terms, packed):
-  t, rows = 2 * C, (16, 16, 64)  # log buckets: distances past 8 share rows
-  q, k, v, pk, pq = _inputs(t, len(terms) + 2 * packed)
+def _segments(t, packed):
+  """Row 0 full, row 1 padded by 37; packed: row 0 holds documents [0, 60), [60, 128),
+  [128, t) (at 128-wide tiles, query block 0 meets no key of block 1 and vice versa),
+  row 1 documents [0, 150), [150, t - 37) and padding."""
+  pos = np.arange(t)[None, :]
+  seg = (pos < np.array([[t], [t - 37]])).astype(np.int32)
+  if packed:
+    seg = seg * (1 + (pos >= np.array([[60], [150]])) + (pos >= np.array([[C], [t]])))
+  return jnp.asarray(seg)
+
+
+def _check(terms, packed, t, block, seed, bitwise_skip=False):
+  rows = (16, 16, 64)  # log buckets: distances past 8 share rows
+  q, k, v, pk, pq = _inputs(t, seed)
   pk = pk if "c2p" in terms else None
   pq = pq if "p2c" in terms else None
-  lengths = np.array([t, t - 37])
-  seg = (np.arange(t)[None, :] < lengths[:, None]).astype(np.int32)
-  if packed:  # row 0: three documents; row 1: two and padding
-    seg = seg * (1 + (np.arange(t)[None, :] >= np.array([[60], [150]]))
-                 + (np.arange(t)[None, :] >= np.array([[200], [t]])))
-  seg = jnp.asarray(seg)
+  seg = _segments(t, packed)
   mask = masks.SegmentMask(seg).dense()
   dist = relative.distance_rows(t, *rows)
   scale = 0.21
@@ -63,22 +69,78 @@ def test_fused_kernel_equals_reference(terms, packed):
     bias = relative.relative_scores(q, k, pk, pq, terms, rows, "gather")
     return kernels.attention_scores_einsum(q, k, v, mask, bias, scale)
 
-  def fused(q, k, v, pk, pq):
-    return rk_lib.fused_relative_attention(q, k, v, pk, pq, dist, seg, scale, interpret=True)
+  def fused(q, k, v, pk, pq, skip=True):
+    return rk_lib.fused_relative_attention(q, k, v, pk, pq, dist, seg, scale, interpret=True,
+                                           block=block, skip_empty_tiles=skip)
 
   args = (q, k, v, pk, pq)
   out, want = jax.jit(fused)(*args), jax.jit(ref)(*args)
   np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-5, rtol=2e-5)
   argnums = tuple(i for i, a in enumerate(args) if a is not None)
   w = jax.random.normal(jax.random.PRNGKey(9), out.shape)  # a loss that weights every output
-  def g(f):
-    return jax.jit(jax.grad(lambda *a: jnp.sum(w * f(*a)), argnums=argnums))
 
-  for name, a, b in zip([("q", "k", "v", "pk", "pq")[i] for i in argnums],
-                        g(fused)(*args), g(ref)(*args)):
+  def g(f):
+    return jax.jit(jax.value_and_grad(lambda *a: jnp.sum(w * f(*a)), argnums=argnums))
+
+  names = [("q", "k", "v", "pk", "pq")[i] for i in argnums]
+  got = g(fused)(*args)
+  for name, a, b in zip(names, got[1], g(ref)(*args)[1]):
     assert np.abs(np.asarray(b)).max() > 1e-3, name  # not vacuous
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4,
                                err_msg=name)
+  if bitwise_skip:  # every tile computed: the same bits, forward and backward
+    dense = g(lambda *a: fused(*a, skip=False))(*args)
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(dense[0]))
+    for name, a, b in zip(names, got[1], dense[1]):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+
+
+@pytest.mark.parametrize("terms,packed,block", [
+    # both terms, packed, at 128: the skipping test below runs it
+    pytest.param(("c2p", "p2c"), False, C, marks=SLOW),
+    pytest.param(("c2p", "p2c"), True, C, marks=SLOW),
+    pytest.param(("c2p",), False, C, marks=SLOW), pytest.param(("p2c",), True, C, marks=SLOW),
+    (("c2p", "p2c"), True, 2 * C), pytest.param(("c2p",), True, 2 * C, marks=SLOW),
+    pytest.param(("p2c",), False, 2 * C, marks=SLOW)])
+def test_fused_kernel_equals_reference(terms, packed, block):
+  _check(terms, packed, 2 * C, block, len(terms) + 2 * packed)
+
+
+def test_tiles_packed_documents_never_share_are_skipped_and_change_no_bit():
+  """At 128-wide tiles row 0's query block 0 and key block 1 hold different documents:
+  those tiles are flagged off; the padded row 1 keeps all (its padding queries see every
+  real key); a row with no real key keeps all (its queries weigh every key equally).
+  Computing every tile instead gives the same bits, values and gradients; NaN values in
+  row 0's key block 1 reach query block 0 only when its skipped tile is computed."""
+  seg = _segments(2 * C, packed=True)
+  flags = np.asarray(rk_lib.tile_flags(seg, C))
+  np.testing.assert_array_equal(flags, [[[True, False], [False, True]],
+                                        [[True, True], [True, True]]])
+  assert np.asarray(rk_lib.tile_flags(jnp.zeros((1, 2 * C), jnp.int32), C)).all()
+  assert np.asarray(rk_lib.tile_flags(seg, 2 * C)).all()
+  _check(("c2p", "p2c"), True, 2 * C, C, 5, bitwise_skip=True)
+  q, k, v, pk, pq = _inputs(2 * C, 5)
+  v = v.at[0, C:].set(jnp.nan)
+  dist = relative.distance_rows(2 * C, 16, 16, 64)
+
+  def out(skip):
+    return np.asarray(jax.jit(lambda *a: rk_lib.fused_relative_attention(
+        *a, dist, seg, 0.21, interpret=True, block=C, skip_empty_tiles=skip))(q, k, v, pk, pq))
+  assert np.isfinite(out(True)[0, :C]).all() and np.isnan(out(False)[0, :C]).all()
+
+
+def test_block_size_follows_length_head_size_and_dtype():
+  assert rk_lib.choose_block(512, 64, jnp.bfloat16) == 256  # 512-wide temporaries: too big
+  assert rk_lib.choose_block(384, 64, jnp.bfloat16) == 128  # 384 is no multiple of 256
+  assert rk_lib.choose_block(128, 64, jnp.float32) == 128
+  for t in (256, 512, 1024):
+    c = rk_lib.choose_block(t, 64, jnp.bfloat16)
+    assert t % c == 0 and rk_lib._vmem_bytes(c, t, 64, 2) <= rk_lib.VMEM_BUDGET
+  q, k, v, pk, pq = _inputs(2 * C, 0)
+  seg = jnp.ones((2, 2 * C), jnp.int32)
+  with pytest.raises(ValueError, match="block must be a multiple of 128"):
+    rk_lib.fused_relative_attention(q, k, v, pk, pq, None, seg, 1.0, interpret=True,
+                                    block=192)
 
 
 def test_bad_lengths_and_no_terms_are_refused():

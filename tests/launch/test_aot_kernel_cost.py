@@ -63,20 +63,28 @@ def test_bandwidth_table_covers_the_aot_topologies():
 
 def _deberta_line(kernel, terms, n_tables):
   """An HLO line in the form the TPU compiler prints the fused DeBERTa kernels (from a
-  compiled v5p step: seg, seg, q, k, v, tables, ...)."""
-  table = "bf16[4,7,256,64]{3,2,1,0}"
-  ops = ["s32[2,1,512]{2,1,0}"] * 2 + [QKV] * 3 + [table] * n_tables
+  compiled v5p step: the scalar-prefetched block bounds, seg, seg, q, k, v, tables, ...)."""
+  table = "bf16[4,3,512,64]{3,2,1,0}"
+  ops = ["s32[16]{0}"] + ["s32[2,1,512]{2,1,0}"] * 2 + [QKV] * 3 + [table] * n_tables
   return (f"  %{kernel}__{terms}.2 = ({QKV}, {QKV}) custom-call(%a, %b), "
           'custom_call_target="tpu_custom_call", operand_layout_constraints={'
           + ", ".join(ops) + "}, frontend_attributes={kernel_metadata={}}")
 
 
+# K = 64: the backward's column reversal (128 x 128 per 128 columns) is 2 units per term
 @pytest.mark.parametrize("kernel,terms,n_tables,units", [
-    ("deberta_rel_fwd", "c2p_p2c", 2, 6), ("deberta_rel_dq", "c2p_p2c", 3, 11),
-    ("deberta_rel_dkv", "c2p_p2c", 3, 12), ("transpose_jvp_deberta_rel_dq", "p2c", 1, 5),
-    ("deberta_rel_dkv", "p2c", 2, 10), ("deberta_rel_fwd", "c2p", 1, 4)])
+    ("deberta_rel_fwd", "c2p_p2c", 2, 6), ("deberta_rel_bwd", "c2p_p2c", 4, 5 + 12 + 4),
+    ("transpose_jvp_deberta_rel_bwd", "p2c", 2, 5 + 6 + 2), ("deberta_rel_bwd", "c2p", 2, 13),
+    ("deberta_rel_fwd", "c2p", 1, 4)])
 def test_deberta_fused_kernels_are_priced_by_their_matmul_units(kernel, terms, n_tables, units):
   (call,) = kernel_cost.custom_calls(_deberta_line(kernel, terms, n_tables))
   assert kernel_cost.kernel_flops(call) == units * MATMUL
   r = kernel_cost.price(_deberta_line(kernel, terms, n_tables), 459e12, 2765e9)
   assert r["calls"] == 1 and r["unpriced"] == [] and r["flops"] == units * MATMUL
+
+
+def test_the_names_of_the_retired_two_kernel_backward_are_not_priced():
+  """The backward is one kernel now; an HLO with the old dq / dkv names is not this
+  code's kernel, so it is listed unpriced, not priced with stale units."""
+  r = kernel_cost.price(_deberta_line("deberta_rel_dq", "c2p_p2c", 3), 459e12, 2765e9)
+  assert r["calls"] == 0 and r["unpriced"] == ["deberta_rel_dq__c2p_p2c.2"]
