@@ -576,6 +576,20 @@ def tiny_aot(argv):
   return argv
 
 
+def tiny_aot_table(argv, ctx):
+  argv = list(argv)
+  doc = _value(argv, "--update")
+  if doc:  # a copy: the area's docs/ is the repository's own (linked)
+    copy = os.path.join(area(ctx["doc"]), "tmp", os.path.basename(doc))
+    shutil.copy(os.path.join(ROOT, doc), copy)
+    _set(argv, "--update", copy)
+  _set(argv, "--only", "bert-base")
+  _set(argv, "--topologies", "v5p:2x2x1")
+  small = [f"--config.{k}={v}" for k, v in MODEL_SMALL.items()]
+  _set(argv, "--extra", " ".join(small + ["--global_batch", "8", "--seq", "128"]))
+  return argv
+
+
 def tiny_bench(argv):
   if "embed" in argv:  # the real all-MiniLM-L6-v2 on a few texts, one round
     argv = list(argv)
@@ -684,6 +698,9 @@ ENTRY_POINTS = {
     "launch.aot": Entry(tiny_aot, "the config's recipe with 2 layers of width 64, vocabulary "
                         "as configured, global batch 8 x 128 (the topology as documented)",
                         repeats_slow=CAMPAIGN),
+    "launch.aot_table": Entry(tiny_aot_table, "one row (BERT-base) on v5p:2x2x1 with "
+                              "launch.aot's tiny settings, into a copy of the doc",
+                              with_ctx=True),
     "launch.bench": Entry(tiny_bench, "2 layers of width 64, batch 2 x 32, "
                           "2 iterations (loop mode: 3 steps of 8 x 32)",
                           repeats_slow=CAMPAIGN),
@@ -986,7 +1003,7 @@ def libtpu():
 def _extra_env(cmd, key):
   env = {"ENCODER_ZOO_FINETUNE_DATA": os.path.join(area(cmd.doc), ".cache",
                                                    "finetune_data")}
-  if key == "launch.aot":
+  if key in ("launch.aot", "launch.aot_table"):
     env.update(TPU_LIBRARY_PATH=libtpu(), XLA_FLAGS="")
   return env
 
@@ -1051,6 +1068,15 @@ def check_aot(argv, out, cmd, cwd):
   assert "HBM per device" in out and "estimated step time" in out, out[-2000:]
 
 
+def check_aot_table(argv, out, cmd, cwd):
+  doc = _value(argv, "--update")
+  assert doc and "the table (1 runs) is in" in out, out[-2000:]
+  with open(os.path.join(cwd, doc)) as f:
+    text = f.read()
+  assert re.search(r"\| BERT-base MLM \+ NSP \| v5p:2x2x1 \| [0-9.]+ GiB \| [0-9.]+ ms \| "
+                   r"\*\*[0-9.]+%\*\* \| \d+ s \|", text), text[-3000:]
+
+
 def check_bench(argv, out, cmd, cwd):
   if "embed" in argv:
     assert re.search(r"worst cosine 0\.99999\d|worst cosine 1\.0000", out), out[-2000:]
@@ -1077,7 +1103,8 @@ def check_pytest(argv, out, cmd, cwd):
 CHECKS = {"launch.pretrain": check_pretrain, "launch.finetune": check_finetune,
           "launch.preprocess": check_preprocess, "launch.convert": check_convert,
           "launch.export": check_export, "launch.ablate": check_ablate,
-          "launch.aot": check_aot, "launch.bench": check_bench,
+          "launch.aot": check_aot, "launch.aot_table": check_aot_table,
+          "launch.bench": check_bench,
           "launch.rtd_eval": check_rtd_eval, "launch.cloud.": check_cloud,
           "pytest": check_pytest}
 
