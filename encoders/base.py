@@ -52,6 +52,14 @@ def family_defaults(name: str):
   return family(name).defaults()
 
 
+def _family_has(name: str, key: str) -> bool:
+  """Whether family `name`'s defaults have `key` (True when that cannot be told: an
+  unregistered family, or one without `defaults`)."""
+  cls = _FAMILIES.get(name)
+  defaults = getattr(cls, "defaults", None)
+  return defaults is None or key in defaults()
+
+
 def forward_flops(model_config, seq_len: int, mlm_positions=None) -> float:
   """Forward FLOPs of ONE sequence of `seq_len` tokens (2 per multiply-add), counted by the
   family: every matmul, full bidirectional attention (local windows and relative terms as
@@ -87,8 +95,9 @@ def resolve_attention(cfg, platform, seq_len=None) -> str:
   line = ""
   # attention-probability dropout only where the family has it: a ModernBERT section made
   # from BERT's defaults (fine-tuning's init_from) keeps a 0.1 no layer reads
-  has_dropout = "attention_probs_dropout_prob" in family_defaults(cfg.get("family", "bert"))
-  dropout = float(cfg.get("attention_probs_dropout_prob", 0.0) or 0.0) if has_dropout else 0.0
+  dropout = float(cfg.get("attention_probs_dropout_prob", 0.0) or 0.0)
+  if dropout and not _family_has(cfg.get("family", "bert"), "attention_probs_dropout_prob"):
+    dropout = 0.0
   if cfg.get("relative_impl") == "auto":
     impl, reason = relative.choose_impl(platform, seq_len, dropout)
     if platform == "tpu" and not seq_len and relative.choose_impl(
