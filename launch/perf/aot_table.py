@@ -38,6 +38,8 @@ def _step(config, batch=128, seq=512, *extra):
   return ("--config", config, "--global_batch", str(batch), "--seq", str(seq), *extra)
 
 
+MODERNBERT_LONG = "configs/modernbert.py:base,phase=2,remat=dots_with_no_batch_dims_saveable"
+
 # The recipes at seq 512, global batch 128, no attention flags (what a user gets).
 ROWS = (
     Row("bert-base", "BERT-base MLM + NSP", _step("configs/bert.py:base")),
@@ -51,11 +53,8 @@ ROWS = (
     Row("modernbert-base-1024", "ModernBERT-base MLM, seq 1,024",
         _step("configs/modernbert.py:base", 128, 1024)),
     Row("modernbert-base-8192", "ModernBERT-base phase 2, 64 x 8,192",
-        _step("configs/modernbert.py:base,phase=2,remat=dots_with_no_batch_dims_saveable",
-              64, 8192),
-        per_topology=(("v6e:2x2", _step(
-            "configs/modernbert.py:base,phase=2,remat=dots_with_no_batch_dims_saveable", 16,
-            8192)),)),
+        _step(MODERNBERT_LONG, 64, 8192),
+        per_topology=(("v6e:2x2", _step(MODERNBERT_LONG, 16, 8192)),)),
     Row("distilbert", "DistilBERT distillation step, 12-layer teacher",
         _step("configs/distilbert.py:paper")),
     Row("eurobert-210m", "EuroBERT-210m MLM", _step("configs/eurobert.py:210m")),
@@ -140,8 +139,11 @@ def cell(r: Dict) -> str:
 
 def render(rows: Sequence[Row], topologies: Sequence[str],
            reports: Dict[Tuple[str, str], Dict], command: str) -> str:
-  lines = [f"Regenerate: `{command}` ({time.strftime('%Y-%m-%d')}; compile = every "
-           "program `launch.aot` compiled for the row, on this 2-core machine).", "",
+  # the dates the reports were compiled (a kept report keeps its own), not today's
+  dates = sorted({str(r["date"])[:10] for r in reports.values() if r.get("date")})
+  when = (dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}") if dates else "-"
+  lines = [f"Regenerate: `{command}` (compiled {when}; compile = every program "
+           "`launch.aot` compiled for the row, on this 2-core machine).", "",
            "| step | topology | HBM per device | estimated step | MFU | compile |",
            "|---|---|---|---|---|---|"]
   missing = []
