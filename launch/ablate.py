@@ -10,6 +10,12 @@ the study's downstream task with several seeds), and reported beside the paper's
 Outputs in DIR: results.md, results.csv, results.png, study.json (each arm's status) and
 arms/<arm>/ (pretraining, evaluations, fine-tuning seeds). A rerun skips finished arms and
 resumes an interrupted one from its checkpoints. `--arms a,b` runs a subset.
+Each arm is pretrained once per seed of `scale.seeds` (arms/<arm>/seed<k>/).
+
+  python -m launch.ablate --summary docs/ablations
+
+rewrites the summary table of docs/ablations/README.md from each study's summary.json
+(docs/ablations/<study>/summary.json, written by a run next to its results.md).
 `--parallel N` runs N arms at once as subprocesses, worker i on device slice i of
 `--devices_per_arm` devices (CPU: that many fake devices; GPU: CUDA_VISIBLE_DEVICES;
 TPU: TPU_VISIBLE_CHIPS and the process bounds of one TPU VM host).
@@ -24,6 +30,7 @@ from ml_collections import config_flags
 
 from launch import cli
 from launch.ablation import arm as arm_lib
+from launch.ablation import report
 from launch.ablation import runner
 from launch.ablation import study as study_lib
 from launch.trainer import hostmem
@@ -56,6 +63,14 @@ def main(argv):
   for noisy in ("absl", "jax", "orbax", "grain", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   f = flags.FLAGS
+  if f.summary:
+    try:
+      print("wrote " + report.write_summary(f.summary))
+    except study_lib.StudyError as e:
+      cli.fail(str(e))
+    return
+  if f.config is None or not f.workdir:
+    cli.fail("--config and --workdir are required (or --summary DIR)")
   study = f.config
   try:
     study_lib.validate(study)
@@ -73,10 +88,16 @@ def main(argv):
   except arm_lib.Interrupted as e:
     cli.fail(str(e), code=143)
   for r in rows:
-    ds = (f"  downstream {100 * r['downstream_mean']:.1f} ± {100 * r['downstream_std']:.1f}"
-          if "downstream_mean" in r else "")
-    mlm = f"  mlm {100 * r['mlm_accuracy']:.1f}" if r.get("mlm_accuracy") is not None else ""
-    print(f"{r['arm']:>16}: {r['steps']} steps, {r['pretrain_flops']:.2e} FLOPs{mlm}{ds}")
+    parts = [f"{name} {report.cell(r, key)}" for name, key in (
+        ("mlm", "mlm_accuracy"), ("rtd", "rtd_accuracy"), ("pair on nsp", "pair_on_nsp"),
+        ("pair on sop", "pair_on_sop"), ("probe", "probe_accuracy"),
+        ("probe random init", "probe_random"), ("fine-tuned", "finetune_accuracy"))
+        if key in r.get("metrics", {})]
+    print(f"{r['arm']:>16}: {r['steps']} steps, {r['pretrain_flops']:.2e} FLOPs, seeds "
+          f"{r.get('seeds')}  " + "  ".join(parts))
+  c = report.comparison(study, rows)
+  if c is not None:
+    print("\n".join(report.comparison_lines(c)))
   print("wrote " + ", ".join(paths.values()))
 
 
@@ -84,10 +105,11 @@ if __name__ == "__main__":
   config_flags.DEFINE_config_file("config", None, "study config file[:arg]",
                                   lock_config=True)
   flags.DEFINE_string("workdir", None, "study directory")
+  flags.DEFINE_string("summary", "", "rewrite the summary table of DIR/README.md from "
+                      "DIR/*/summary.json (instead of running a study)")
   flags.DEFINE_string("arms", "", "comma-separated arms to run (default: all)")
   flags.DEFINE_integer("parallel", 1, "arms at once (>1: subprocesses on device slices)")
   flags.DEFINE_enum("platform", "cpu", ["cpu", "gpu", "tpu"], "how slices are given out")
   flags.DEFINE_integer("devices_per_arm", 1, "devices in each worker's slice")
   flags.DEFINE_string("worker_arm", "", "internal: run this one arm (a --parallel worker)")
-  flags.mark_flags_as_required(["config", "workdir"])
   app.run(main, flags_parser=cli.parse_flags)

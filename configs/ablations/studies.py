@@ -21,21 +21,45 @@ def finetune_default(**kw):
   return ft
 
 
+def probe_default(**kw):
+  """The frozen-feature linear probe (launch/ablation/probe.py) on Rotten Tomatoes
+  sentiment (docs/finetune_real.py's `rt`): 4,000 snippets, 25% held out, mean-pooled
+  features at length 64 (the snippets average 19 words). Sentiment, not BBC topics: a
+  random encoder's pooled embeddings are a bag of words, which already separates topics."""
+  p = dict(dataset="rt", max_rows=4000, eval_fraction=0.25, split_seed=0, max_train=-1,
+           seq_len=64, pool="mean", text_column="text", label_column="label")
+  p.update(kw)
+  return p
+
+
+def compare(higher, lower, metric, paper):
+  """The paper's claim: `higher` scores above `lower` on `metric` (tested paired by seed)."""
+  return dict(higher=higher, lower=lower, metric=metric, paper=paper)
+
+
 def study(name, paper, table, question, arms, paper_columns=(), paper_compare="",
           not_run=(), mlm=True, pair_tasks=(), finetune=None, steps=150, seq_len=64,
-          global_batch=32, variant="tiny"):
-  """A study ConfigDict; `arms` is a list of (name, arm(...)) in run order."""
+          global_batch=32, variant="tiny", seeds=(0,), evals=4, probe=None, claim=None,
+          learning_rate=0.0):
+  """A study ConfigDict; `arms` is a list of (name, arm(...)) in run order. `finetune`
+  None: BBC fine-tuning (finetune_default); False: no fine-tuning."""
   c = ml_collections.ConfigDict()
   c.name, c.paper, c.table, c.question = name, paper, table, question
   c.scale = ml_collections.ConfigDict(dict(
       variant=variant, steps=steps, seq_len=seq_len, global_batch=global_batch,
-      checkpoint_every=max(1, steps // 2), learning_rate=0.0))
+      checkpoint_every=max(1, steps // 2), learning_rate=learning_rate,
+      seeds=tuple(seeds), evals=evals))
+  if claim is not None:
+    c.compare = ml_collections.ConfigDict(claim)
   c.paper_columns = tuple(paper_columns)
   c.paper_compare = paper_compare
   c.order = tuple(n for n, _ in arms)
   c.arms = ml_collections.ConfigDict({n: a for n, a in arms})
   c.not_run = tuple(not_run)
-  c.evaluate = ml_collections.ConfigDict(dict(
-      mlm=mlm, pair_tasks=tuple(pair_tasks),
-      finetune=finetune if finetune is not None else finetune_default()))
+  ev = dict(mlm=mlm, pair_tasks=tuple(pair_tasks))
+  if finetune is not False:
+    ev["finetune"] = finetune if finetune is not None else finetune_default()
+  if probe is not None:
+    ev["probe"] = probe
+  c.evaluate = ml_collections.ConfigDict(ev)
   return c

@@ -1,15 +1,20 @@
-"""One arm of a study: pretrain (or resume), score the held-out metrics and the
-cross-task pair check, fine-tune on the study's downstream task with several seeds.
+"""One arm of a study: for each pretraining seed, pretrain (or resume), score the
+held-out metrics and the cross-task pair check, probe the frozen features (and those of
+the same encoder at random init), optionally fine-tune; then the arm's row over seeds.
 
 Everything an arm writes lives in <workdir>/arms/<arm>/:
-  pretrain/        the trainer's work directory (checkpoints, metrics.jsonl, hf/)
-  pair_<task>.json the arm's pair head scored on <task>'s held-out pairs
-  finetune_s<k>/   launch.finetune's work directory for seed k (results.json when done)
-  timing.json      seconds spent per phase, summed over interrupted attempts
-  result.json      the arm's row (written last: its presence means the arm is done)
+  seed<k>/pretrain/        the trainer's work directory (checkpoints, metrics.jsonl, hf/)
+  seed<k>/pair_<task>.json the seed's pair head scored on <task>'s held-out pairs
+  seed<k>/probe.json       the linear probe on the pretrained encoder's features
+  seed<k>/probe_random.json  the same probe on the encoder at random init (train.seed k),
+                           exported to seed<k>/random_init/hf
+  seed<k>/finetune_s<j>/   launch.finetune's work directory for fine-tuning seed j
+  seed<k>/result.json      the seed's row (written last: the seed is done)
+  timing.json              seconds spent per phase, summed over seeds and attempts
+  result.json              the arm's row (written last: its presence means the arm is done)
 Each part is skipped when its output exists, so a killed arm resumes where it stopped:
-pretraining from its latest checkpoint (the trainer's own resume), fine-tuning seed by
-seed (and from the epoch checkpoint inside a seed).
+finished seeds are kept, pretraining resumes from its latest checkpoint (the trainer's
+own resume), fine-tuning seed by seed (and from the epoch checkpoint inside a seed).
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import threading
 import time
 import types
 
+import jax
 import ml_collections
 import numpy as np
 
@@ -30,6 +36,8 @@ import objectives
 from launch import cli
 from launch.trainer import finetuning
 from launch import trainer
+from launch.ablation import probe as probe_lib
+from launch.ablation import stats
 from launch.ablation import study as study_lib
 from launch.data import finetune_data as fd
 from launch.data import real_datasets
@@ -157,17 +165,18 @@ def pair_accuracy(config, pretrain_dir, task) -> dict:
 
 # ---- downstream -------------------------------------------------------------------------
 
-def downstream_file(ft, workdir) -> str:
-  """The downstream table: a local file as given, or an archive's rows prepared once."""
-  name = str(ft.dataset)
+def downstream_file(ft, workdir, what="finetune") -> str:
+  """The downstream table: a local file as given, or an archive's rows prepared once
+  (in <workdir>/downstream/ for fine-tuning, <workdir>/probe_data/ for the probe)."""
+  name = str(ft.get("dataset", ""))
   if os.path.splitext(name)[1] in (".csv", ".tsv", ".jsonl"):
     if not os.path.isfile(name):
-      raise study_lib.StudyError(f"evaluate.finetune.dataset {name!r} does not exist")
+      raise study_lib.StudyError(f"evaluate.{what}.dataset {name!r} does not exist")
     return os.path.abspath(name)
   if name not in ("rt", "bbc"):
-    raise study_lib.StudyError(f"evaluate.finetune.dataset {name!r}: expected rt, bbc or a "
+    raise study_lib.StudyError(f"evaluate.{what}.dataset {name!r}: expected rt, bbc or a "
                                ".csv/.tsv/.jsonl path")
-  out = os.path.join(workdir, "downstream")
+  out = os.path.join(workdir, "downstream" if what == "finetune" else "probe_data")
   path = os.path.join(out, f"{name}.jsonl")
   if not os.path.isfile(path):
     try:
@@ -229,6 +238,53 @@ def finetune_seed(ft, init_from, data_file, seed, ft_dir) -> dict:
           "epochs": len(done["history"])}
 
 
+# ---- the probe ---------------------------------------------------------------------------
+
+_PROBE_TASKS = {}
+
+
+def probe_task(pcfg, workdir):
+  """(texts, labels, train rows, eval rows, majority accuracy) of the probe's table, read
+  once per process."""
+  path = downstream_file(pcfg, workdir, "probe")
+  key = (path, json.dumps(pcfg.to_dict() if hasattr(pcfg, "to_dict") else dict(pcfg),
+                          sort_keys=True, default=str))
+  if key not in _PROBE_TASKS:
+    texts, y, _ = probe_lib.read_labelled(path, str(pcfg.get("text_column", "text")),
+                                          str(pcfg.get("label_column", "label")))
+    tr, ev = probe_lib.split(len(texts), float(pcfg.get("eval_fraction", 0.2)),
+                             int(pcfg.get("split_seed", 0)), int(pcfg.get("max_train", -1)))
+    _PROBE_TASKS[key] = (texts, y, tr, ev, probe_lib.majority(y[tr], y[ev]))
+  return _PROBE_TASKS[key]
+
+
+def probe_encoder(pcfg, workdir, hf_dir) -> dict:
+  """The linear probe on `hf_dir`'s frozen features (probe.py)."""
+  texts, y, tr, ev, maj = probe_task(pcfg, workdir)
+  rows = np.concatenate([tr, ev])
+  feats = probe_lib.features(hf_dir, [texts[i] for i in rows],
+                             int(pcfg.get("seq_len", 128)), str(pcfg.get("pool", "mean")))
+  out = probe_lib.probe(feats[:len(tr)], y[tr], feats[len(tr):], y[ev])
+  out["majority"] = maj
+  return out
+
+
+def export_random_init(config, pretrain_dir, out_dir):
+  """The arm's encoder at initialisation (the trainer's own init at config.train.seed,
+  the seed's tokenizer), exported as the trainer exports a finished run."""
+  c = checks.check(ml_collections.ConfigDict(config.to_dict()))
+  c, pipeline = trainer.prepare(c, pretrain_dir)
+  setup = trainer.build(c, pipeline.tokenizer)
+  state = setup.init_state()
+  host = jax.device_get({**state.params, **state.frozen})
+  tmp = f"{out_dir}.tmp{os.getpid()}"
+  shutil.rmtree(tmp, ignore_errors=True)
+  os.makedirs(tmp)
+  setup.objective.export(host, tmp, pipeline.tokenizer)
+  shutil.rmtree(out_dir, ignore_errors=True)
+  os.rename(tmp, out_dir)
+
+
 # ---- the arm ----------------------------------------------------------------------------
 
 def _pretrain_record(pretrain_dir, key):
@@ -238,17 +294,41 @@ def _pretrain_record(pretrain_dir, key):
   return {}
 
 
-def run(study, arm, workdir, steps=None) -> dict:
-  """Runs (or resumes) one arm; returns and writes its result row."""
-  workdir = os.path.abspath(workdir)  # Orbax checkpoints need absolute paths
-  arm_dir = os.path.join(workdir, "arms", arm)
-  pretrain_dir = os.path.join(arm_dir, "pretrain")
-  os.makedirs(pretrain_dir, exist_ok=True)
-  config = study_lib.arm_config(study, arm, steps)
-  timer = Timer(arm_dir)
-  a = study.arms[arm]
-  log.info("arm %s: %s, %d steps", arm, a.config, int(config.train.steps))
+# Held-out metrics of the trainer's eval -> the names in the study's rows.
+EVAL_METRICS = {"rtd_accuracy": "rtd_accuracy",
+                "rtd_all_original_accuracy": "rtd_never_flag",
+                "rtd_replaced_accuracy": "rtd_recall", "rtd_flagged_accuracy": "rtd_precision",
+                "nsp_accuracy": "own_nsp", "sop_accuracy": "own_sop"}
+CURVE_KEYS = ("mlm_accuracy", "mlm_gen_accuracy", "rtd_accuracy",
+              "rtd_all_original_accuracy", "rtd_replaced_accuracy", "nsp_accuracy",
+              "sop_accuracy", "loss")
 
+
+def curve(pretrain_dir) -> list:
+  """The held-out evaluations over steps (the learning curve)."""
+  out = []
+  for r in metrics_lib.read(pretrain_dir):
+    if r.get("split") == "eval":
+      out.append({"step": r["step"], **{k: r[k] for k in CURVE_KEYS if k in r}})
+  return out
+
+
+def seed_dir(workdir, arm, seed) -> str:
+  return os.path.join(workdir, "arms", arm, f"seed{int(seed)}")
+
+
+def run_seed(study, arm, workdir, seed, steps, timer) -> dict:
+  """Runs (or resumes) one pretraining seed of an arm and its evaluations; returns and
+  writes the seed's row."""
+  sdir = seed_dir(workdir, arm, seed)
+  done = read_json(os.path.join(sdir, "result.json"))
+  if done is not None:
+    return done
+  pretrain_dir = os.path.join(sdir, "pretrain")
+  os.makedirs(pretrain_dir, exist_ok=True)
+  config = study_lib.arm_config(study, arm, steps, seed)
+  log.info("arm %s seed %d: %s, %d steps", arm, seed, study.arms[arm].config,
+           int(config.train.steps))
   share_tokenizer(workdir, config, pretrain_dir, "in")
   t0 = time.perf_counter()
   out = trainer.train_and_evaluate(config, pretrain_dir)
@@ -256,26 +336,28 @@ def run(study, arm, workdir, steps=None) -> dict:
     timer.add("pretrain_s", time.perf_counter() - t0)
   _default_sigterm()  # the trainer's save-and-stop handler would swallow a later SIGTERM
   if int(out["step"]) < int(config.train.steps):  # SIGTERM: checkpoint saved, stop here
-    raise Interrupted(f"arm {arm!r}: pretraining stopped at step {out['step']} of "
-                      f"{config.train.steps} (checkpoint saved); rerun to resume")
+    raise Interrupted(f"arm {arm!r} seed {seed}: pretraining stopped at step {out['step']} "
+                      f"of {config.train.steps} (checkpoint saved); rerun to resume")
   share_tokenizer(workdir, config, pretrain_dir, "out")
   final = report.final_eval(pretrain_dir)
   run_rec = _pretrain_record(pretrain_dir, "run")
   base = _pretrain_record(pretrain_dir, "baseline")
   steps_done = int(config.train.steps)
-  row = {"arm": arm, "label": a.get("label", arm), "config": a.config,
-         "overrides": list(a.get("overrides", ())), "steps": steps_done,
-         "params": run_rec.get("params"), "step_flops": run_rec.get("step_flops"),
+  row = {"seed": int(seed), "steps": steps_done, "params": run_rec.get("params"),
+         "step_flops": run_rec.get("step_flops"),
          "pretrain_flops": (run_rec.get("step_flops") or 0.0) * steps_done,
-         "objective": config.objective.name, "eval": final, "baseline": base}
+         "eval": final, "baseline": base, "curve": curve(pretrain_dir)}
   ev = study.evaluate
   if ev.get("mlm", True):
     key = "mlm_accuracy" if "mlm_accuracy" in final else "mlm_gen_accuracy"
     row["mlm_accuracy"] = final.get(key)
     row["mlm_baseline"] = base.get("mlm_majority_accuracy")
+  for key, name in EVAL_METRICS.items():
+    if final.get(key) is not None:
+      row[name] = final[key]
   head = pair_head(config)
   for task in ev.get("pair_tasks", ()):
-    path = os.path.join(arm_dir, f"pair_{task}.json")
+    path = os.path.join(sdir, f"pair_{task}.json")
     if not head:
       continue
     res = read_json(path)
@@ -293,24 +375,95 @@ def run(study, arm, workdir, steps=None) -> dict:
       write_json(path, res)
     row[f"pair_on_{task}"] = res["accuracy"]
     row[f"pair_on_{task}_count"] = res["count"]
+  pcfg = ev.get("probe", None)
+  if pcfg is not None:
+    path = os.path.join(sdir, "probe.json")
+    res = read_json(path)
+    if res is None:
+      t0 = time.perf_counter()
+      res = probe_encoder(pcfg, workdir, os.path.join(pretrain_dir, "hf"))
+      timer.add("probe_s", time.perf_counter() - t0)
+      write_json(path, res)
+    path = os.path.join(sdir, "probe_random.json")
+    rnd = read_json(path)
+    if rnd is None:
+      t0 = time.perf_counter()
+      hf_dir = os.path.join(sdir, "random_init", "hf")
+      if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+        os.makedirs(os.path.dirname(hf_dir), exist_ok=True)
+        export_random_init(config, pretrain_dir, hf_dir)
+      rnd = probe_encoder(pcfg, workdir, hf_dir)
+      timer.add("probe_s", time.perf_counter() - t0)
+      write_json(path, rnd)
+    row.update(probe_accuracy=res["accuracy"], probe_random=rnd["accuracy"],
+               probe_gain=res["accuracy"] - rnd["accuracy"], probe_se=res["se"],
+               probe_majority=res["majority"], probe_n=res["n_eval"], probe_l2=res["l2"],
+               probe_random_l2=rnd["l2"])
   ft = ev.get("finetune", None)
   if ft is not None:
     data_file = downstream_file(ft, workdir)
     init_from = os.path.join(pretrain_dir, "hf")
     seeds = []
-    for seed in tuple(ft.seeds):
-      ft_dir = os.path.join(arm_dir, f"finetune_s{seed}")
+    for j in tuple(ft.seeds):
+      ft_dir = os.path.join(sdir, f"finetune_s{j}")
       t0 = time.perf_counter()
       fresh = not os.path.isfile(os.path.join(ft_dir, "results.json"))
-      seeds.append(finetune_seed(ft, init_from, data_file, seed, ft_dir))
+      seeds.append(finetune_seed(ft, init_from, data_file, j, ft_dir))
       if fresh:
         timer.add("finetune_s", time.perf_counter() - t0)
-      log.info("arm %s seed %s: accuracy %.4f", arm, seed, seeds[-1]["accuracy"])
-    acc = np.asarray([s["accuracy"] for s in seeds])
-    row.update(finetune=seeds, downstream_mean=float(acc.mean()),
+      log.info("arm %s seed %d fine-tuning seed %s: accuracy %.4f", arm, seed, j,
+               seeds[-1]["accuracy"])
+    row["finetune"] = seeds
+    row["finetune_accuracy"] = float(np.mean([x["accuracy"] for x in seeds]))
+  write_json(os.path.join(sdir, "result.json"), row)
+  return row
+
+
+AGGREGATED = ("mlm_accuracy", "mlm_baseline", "rtd_accuracy", "rtd_never_flag",
+              "rtd_recall", "rtd_precision", "own_nsp", "own_sop", "pair_on_nsp",
+              "pair_on_sop", "probe_accuracy", "probe_random", "probe_gain",
+              "probe_majority", "finetune_accuracy")
+
+
+def aggregate(study, arm, seed_rows, timing) -> dict:
+  """The arm's row: each metric's mean, standard error and per-seed values."""
+  a = study.arms[arm]
+  first = seed_rows[0]
+  row = {"arm": arm, "label": a.get("label", arm), "config": a.config,
+         "overrides": list(a.get("overrides", ())), "steps": first["steps"],
+         "params": first.get("params"), "step_flops": first.get("step_flops"),
+         "pretrain_flops": first.get("pretrain_flops"),
+         "objective": study_lib.arm_config(study, arm).objective.name,
+         "seeds": [r["seed"] for r in seed_rows], "per_seed": seed_rows, "metrics": {}}
+  for m in AGGREGATED:
+    values = [r.get(m) for r in seed_rows]
+    if any(v is None for v in values):
+      continue
+    mean, se = stats.mean_se(values)
+    row["metrics"][m] = {"mean": mean, "se": se, "values": [float(v) for v in values]}
+    row[m] = mean
+  for task in ("nsp", "sop"):
+    counts = [r.get(f"pair_on_{task}_count") for r in seed_rows]
+    if all(c is not None for c in counts):
+      row[f"pair_on_{task}_count"] = float(np.mean(counts))
+  if all("finetune" in r for r in seed_rows):  # every fine-tuning run of every seed
+    acc = np.asarray([x["accuracy"] for r in seed_rows for x in r["finetune"]])
+    row.update(downstream_mean=float(acc.mean()),
                downstream_std=float(acc.std(ddof=1)) if len(acc) > 1 else 0.0,
-               downstream_seeds=[float(x) for x in acc])
-  row["timing"] = dict(timer.times)
-  row["wall_s"] = float(sum(timer.times.values()))
+               downstream_seeds=[float(x) for x in acc],
+               finetune=[x for r in seed_rows for x in r["finetune"]])
+  row["timing"] = dict(timing)
+  row["wall_s"] = float(sum(timing.values()))
+  return row
+
+
+def run(study, arm, workdir, steps=None) -> dict:
+  """Runs (or resumes) one arm, seed by seed; returns and writes its row."""
+  workdir = os.path.abspath(workdir)  # Orbax checkpoints need absolute paths
+  arm_dir = os.path.join(workdir, "arms", arm)
+  os.makedirs(arm_dir, exist_ok=True)
+  timer = Timer(arm_dir)
+  rows = [run_seed(study, arm, workdir, k, steps, timer) for k in study_lib.seeds_of(study)]
+  row = aggregate(study, arm, rows, timer.times)
   write_json(os.path.join(arm_dir, "result.json"), row)
   return row

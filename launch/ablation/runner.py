@@ -95,21 +95,33 @@ def claim(study, arm, workdir, steps):
   else:
     with open(path, "w") as f:
       f.write(fp + "\n")
-  return os.path.isfile(os.path.join(arm_dir, "result.json"))
+  done = arm_lib.read_json(os.path.join(arm_dir, "result.json"))
+  # A study given more (or other) seeds reruns the arm: its finished seeds are kept.
+  return done is not None and list(done.get("seeds", [])) == list(study_lib.seeds_of(study))
 
 
 def rows_of(study, workdir):
   out = []
   for arm in study_lib.arm_names(study):
     r = arm_lib.read_json(os.path.join(workdir, "arms", arm, "result.json"))
-    if r is not None:
+    if r is not None and r.get("seeds") == list(study_lib.seeds_of(study)):
       out.append(r)
   return out
+
+
+def loadavg() -> str:
+  """The 1, 5 and 15 minute load averages ("" where /proc/loadavg is missing)."""
+  try:
+    with open("/proc/loadavg") as f:
+      return " ".join(f.read().split()[:3])
+  except OSError:
+    return ""
 
 
 def run_study(study, workdir, arms=(), parallel=1, platform="cpu", devices_per_arm=1,
               worker_argv=None, command=""):
   """Runs the study's arms (all, or `arms`); writes the report; returns the rows."""
+  t_start, load_start = time.time(), loadavg()
   study_lib.check_all(study)
   workdir = os.path.abspath(workdir)  # Orbax checkpoints need absolute paths
   names = study_lib.arm_names(study)
@@ -141,14 +153,10 @@ def run_study(study, workdir, arms=(), parallel=1, platform="cpu", devices_per_a
     _run_parallel(study, todo, workdir, state, parallel, platform, devices_per_arm,
                   worker_argv or [])
   rows = rows_of(study, workdir)
-  try:
-    load = open("/proc/loadavg").read().split()[:3]
-    load = " ".join(load)
-  except OSError:
-    load = ""
   ft = study.evaluate.get("finetune", None)
   baseline = arm_lib.majority_baseline(ft, workdir) if ft is not None else None
-  paths = report.write_all(study, rows, workdir, command, load, baseline)
+  info = {"load_start": load_start, "elapsed_s": time.time() - t_start}
+  paths = report.write_all(study, rows, workdir, command, loadavg(), baseline, info)
   return rows, paths
 
 

@@ -9,7 +9,11 @@ A study file (configs/ablations/study_*.py) defines `get_config()` returning a C
   question    one line: what the study asks
   scale       knobs applied to every arm: variant (substituted for `{variant}` in the arm
               config strings), steps, seq_len, global_batch (0 = the arm config's own),
-              checkpoint_every, learning_rate (0 = the arm config's own)
+              checkpoint_every, learning_rate (0 = the arm config's own), seeds
+              (the pretraining seeds: each arm is pretrained once per seed, with
+              train.seed and data.shuffle_seed = the seed, in arms/<arm>/seed<k>/;
+              default (0,)), evals (held-out evaluations during pretraining, for the
+              learning curves; default 4)
   order       the arms' run order (optional; ConfigDict sorts its keys)
   arms        ConfigDict name -> arm:
                 config      "FILE[:ARG]" of a pretraining config, `{variant}` allowed
@@ -23,11 +27,19 @@ A study file (configs/ablations/study_*.py) defines `get_config()` returning a C
   paper_columns  the paper's metric names for `arms.*.paper`
   paper_compare  which paper column our downstream task stands in for (e.g. "SST-2")
   not_run     ("PAPER ARM: why it is not run here", ...)
+  compare     (optional) the paper's claim tested with a paired test over the seeds:
+                higher, lower   the arms the paper says score higher / lower on `metric`
+                metric          one of report.METRICS (probe_accuracy, pair_on_sop, ...)
+                paper           the paper's direction in words (with its numbers)
   evaluate    mlm (report held-out MLM accuracy), pair_tasks (score an arm's pair head on
-              each of these tasks' held-out pairs: the cross-task check), finetune
-              (dataset: "rt" | "bbc" (launch/data/real_datasets.py's archives) or a .csv/.tsv/
-              .jsonl path; max_rows, eval_fraction, split_seed, epochs, seeds, seq_len,
-              global_batch, learning_rate, text_column, label_column)
+              each of these tasks' held-out pairs: the cross-task check), probe (a
+              frozen-feature linear probe of each pretrained encoder and of the same
+              encoder at random init, launch/ablation/probe.py: dataset, max_rows,
+              eval_fraction, split_seed, max_train, seq_len, pool ("mean" | "cls"),
+              text_column, label_column), finetune (optional: dataset: "rt" | "bbc"
+              (launch/data/real_datasets.py's archives) or a .csv/.tsv/.jsonl path;
+              max_rows, eval_fraction, split_seed, epochs, seeds, seq_len, global_batch,
+              learning_rate, text_column, label_column)
 """
 from __future__ import annotations
 
@@ -44,9 +56,16 @@ REQUIRED = ("name", "paper", "table", "arms", "evaluate")
 # ConfigDict lists its keys sorted: `order` (optional) gives the arms' run order.
 ARM_KEYS = ("config", "overrides", "label", "note", "paper", "match_flops_of")
 SCALE_KEYS = ("variant", "steps", "seq_len", "global_batch", "checkpoint_every",
-              "learning_rate")
+              "learning_rate", "seeds", "evals")
 FINETUNE_KEYS = ("dataset", "max_rows", "eval_fraction", "split_seed", "epochs", "seeds",
                  "seq_len", "global_batch", "learning_rate", "text_column", "label_column")
+PROBE_KEYS = ("dataset", "max_rows", "eval_fraction", "split_seed", "max_train", "seq_len",
+              "pool", "text_column", "label_column")
+COMPARE_KEYS = ("higher", "lower", "metric", "paper")
+EVALUATE_KEYS = ("mlm", "pair_tasks", "probe", "finetune")
+# Per-seed metrics a comparison may test (launch/ablation/report.py aggregates them).
+METRICS = ("mlm_accuracy", "rtd_accuracy", "rtd_recall", "rtd_precision", "pair_on_nsp",
+           "pair_on_sop", "probe_accuracy", "probe_gain", "finetune_accuracy")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -96,7 +115,42 @@ def validate(study) -> None:
     if ref and (ref not in arms or arms.index(ref) >= arms.index(arm)):
       raise StudyError(f"study {name!r}: arm {arm!r} matches the FLOPs of {ref!r}, which "
                        "is not an arm listed before it")
+  seeds = tuple(study.get("scale", {}).get("seeds", (0,)) or ())
+  if not seeds or len(set(seeds)) != len(seeds) or not all(
+      isinstance(k, int) and k >= 0 for k in seeds):
+    raise StudyError(f"study {name!r}: scale.seeds={seeds!r} must be distinct integers >= 0")
   ev = study.evaluate
+  for key in _keys(ev):
+    if key not in EVALUATE_KEYS:
+      raise StudyError(f"study {name!r}: unknown evaluate key {key!r}; known: "
+                       f"{', '.join(EVALUATE_KEYS)}")
+  probe = ev.get("probe", None)
+  if probe is not None:
+    for key in _keys(probe):
+      if key not in PROBE_KEYS:
+        raise StudyError(f"study {name!r}: unknown evaluate.probe key {key!r}; known: "
+                         f"{', '.join(PROBE_KEYS)}")
+    if not probe.get("dataset", ""):
+      raise StudyError(f"study {name!r}: evaluate.probe has no 'dataset'")
+    if probe.get("pool", "mean") not in ("mean", "cls"):
+      raise StudyError(f"study {name!r}: evaluate.probe.pool={probe.pool!r}; expected mean "
+                       "or cls")
+  cmp = study.get("compare", None)
+  if cmp is not None and _keys(cmp):
+    for key in _keys(cmp):
+      if key not in COMPARE_KEYS:
+        raise StudyError(f"study {name!r}: unknown compare key {key!r}; known: "
+                         f"{', '.join(COMPARE_KEYS)}")
+    for key in ("higher", "lower"):
+      if cmp.get(key, "") not in arms:
+        raise StudyError(f"study {name!r}: compare.{key}={cmp.get(key, '')!r} is not an arm "
+                         f"({', '.join(arms)})")
+    if cmp.higher == cmp.lower:
+      raise StudyError(f"study {name!r}: compare.higher and compare.lower are both "
+                       f"{cmp.higher!r}")
+    if cmp.get("metric", "") not in METRICS:
+      raise StudyError(f"study {name!r}: compare.metric={cmp.get('metric', '')!r}; choose "
+                       f"from {', '.join(METRICS)}")
   ft = ev.get("finetune", None)
   if ft is not None:
     for key in _keys(ft):
@@ -141,9 +195,16 @@ def _set(config, dotted: str, value, where: str):
     raise StudyError(f"{where}: {dotted}={value!r}: {e}") from None
 
 
-def arm_config(study, arm: str, steps: int | None = None):
+def seeds_of(study) -> tuple:
+  """The pretraining seeds (scale.seeds; one seed, 0, when not given)."""
+  return tuple(int(k) for k in study.get("scale", {}).get("seeds", (0,)))
+
+
+def arm_config(study, arm: str, steps: int | None = None, seed: int | None = None):
   """The arm's pretraining config: its config file, the study's scale, its overrides
-  (all checked: an unknown key is a StudyError naming the arm)."""
+  (all checked: an unknown key is a StudyError naming the arm); with `seed`, that
+  pretraining seed (train.seed: init, masking, dropout; data.shuffle_seed: the data
+  order and the pairs), the same for every arm so that arms pair by seed."""
   a, s = study.arms[arm], study.get("scale", ml_collections.ConfigDict())
   spec = a.config.replace("{variant}", str(s.get("variant", "tiny")))
   path, _, arg = spec.partition(":")
@@ -169,8 +230,12 @@ def arm_config(study, arm: str, steps: int | None = None):
     _set(config, key.strip(), _parse_value(value.strip()), where)
   if steps is not None:
     config.train.steps = int(steps)
+  if seed is not None:
+    config.train.seed = int(seed)
+    config.data.shuffle_seed = int(seed)
   n = int(config.train.steps)
-  config.train.eval_every = n  # one held-out eval, at the end
+  evals = max(1, int(s.get("evals", 4)))
+  config.train.eval_every = max(1, n // evals)  # the learning curve; the last at step n
   config.checkpoint.every = min(int(config.checkpoint.every), max(1, n // 2))
   config.logging.tensorboard = False
   config.logging.plot = False
