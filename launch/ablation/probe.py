@@ -5,7 +5,11 @@ labelled task, with no fine-tuning noise.
   acc = probe(feats[tr], y[tr], feats[ev], y[ev])["accuracy"]
 
 Features are the encoder's last hidden state, mean-pooled over the real tokens ("mean")
-or the first token's ("cls"). The probe is a multinomial logistic regression on
+or the first token's ("cls"), or ("mlm", for a model with an MLM head) the log of the
+MLM head's predicted-token distribution averaged over the real tokens: a bag of the
+words the model expects at each position. A linear probe on pooled hidden states cannot
+apply the head's per-token nonlinearity before pooling; at CPU scale only "mlm" told a
+pretrained tiny BERT from the same model at random init (docs/ablations/README.md). The probe is a multinomial logistic regression on
 standardised features with an L2 penalty picked from `L2_GRID` on a fixed validation
 slice of the training rows, then refit on all of them: deterministic (L-BFGS from zero),
 so two encoders differ only by their features.
@@ -24,6 +28,7 @@ import encoders
 from encoders.tasks import data as task_data
 from launch.data import finetune_data as fd
 
+POOLS = ("mean", "cls", "mlm")
 L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1)
 VAL_FRACTION = 0.2
 
@@ -58,13 +63,13 @@ def _pad_id(hf_dir):
     return int(json.load(f).get("pad_token_id", 0) or 0)
 
 
-def features(hf_dir, texts, seq_len=128, pool="mean", batch_size=64):
+def features(hf_dir, texts, seq_len=128, pool="mean", batch_size=32):
   """[len(texts), hidden] float64 features of the encoder in `hf_dir` (its own
   tokenizer, [CLS] text [SEP] truncated to seq_len)."""
-  if pool not in ("mean", "cls"):
-    raise ValueError(f"pool={pool!r}: expected mean or cls")
+  if pool not in POOLS:
+    raise ValueError(f"pool={pool!r}: expected one of {POOLS}")
   tok = fd.load_tokenizer(hf_dir)
-  model, params = encoders.from_hf(hf_dir, heads=())
+  model, params = encoders.from_hf(hf_dir)  # its heads too: a strict load refuses fewer
   pad = _pad_id(hf_dir)
   tok.enable_truncation(max_length=int(seq_len))
   encs = tok.encode_batch(list(texts))
@@ -73,12 +78,18 @@ def features(hf_dir, texts, seq_len=128, pool="mean", batch_size=64):
 
   @jax.jit
   def pooled(params, ids, mask, types):
-    h = model.apply({"params": params}, ids, mask, types).last_hidden_state
-    h = h.astype(jnp.float32)
+    out = model.apply({"params": params}, ids, mask, types)
+    if pool == "mlm":
+      if out.mlm_logits is None:
+        raise ValueError(f"{hf_dir} has no MLM head: probe.pool='mlm' needs one")
+      h = jax.nn.softmax(out.mlm_logits.astype(jnp.float32))
+    else:
+      h = out.last_hidden_state.astype(jnp.float32)
     if pool == "cls":
       return h[:, 0]
     m = mask.astype(jnp.float32)[..., None]
-    return (h * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
+    h = (h * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
+    return jnp.log(h + 1e-6) if pool == "mlm" else h
 
   out = []
   n = len(texts)

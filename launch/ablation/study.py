@@ -35,7 +35,7 @@ A study file (configs/ablations/study_*.py) defines `get_config()` returning a C
               each of these tasks' held-out pairs: the cross-task check), probe (a
               frozen-feature linear probe of each pretrained encoder and of the same
               encoder at random init, launch/ablation/probe.py: dataset, max_rows,
-              eval_fraction, split_seed, max_train, seq_len, pool ("mean" | "cls"),
+              eval_fraction, split_seed, max_train, seq_len, pool ("mean" | "cls" | "mlm"),
               text_column, label_column), finetune (optional: dataset: "rt" | "bbc"
               (launch/data/real_datasets.py's archives) or a .csv/.tsv/.jsonl path;
               max_rows, eval_fraction, split_seed, epochs, seeds, seq_len, global_batch,
@@ -132,9 +132,9 @@ def validate(study) -> None:
                          f"{', '.join(PROBE_KEYS)}")
     if not probe.get("dataset", ""):
       raise StudyError(f"study {name!r}: evaluate.probe has no 'dataset'")
-    if probe.get("pool", "mean") not in ("mean", "cls"):
-      raise StudyError(f"study {name!r}: evaluate.probe.pool={probe.pool!r}; expected mean "
-                       "or cls")
+    if probe.get("pool", "mean") not in ("mean", "cls", "mlm"):
+      raise StudyError(f"study {name!r}: evaluate.probe.pool={probe.pool!r}; expected mean, "
+                       "cls or mlm")
   cmp = study.get("compare", None)
   if cmp is not None and _keys(cmp):
     for key in _keys(cmp):

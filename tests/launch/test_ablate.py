@@ -52,7 +52,7 @@ def micro_study(data_file="", seeds=(0, 1), pair_tasks=("nsp", "sop"), pretrain_
                           learning_rate=1e-3, text_column="text", label_column="label")
   if probe_file:
     ev["probe"] = dict(dataset=probe_file, max_rows=-1, eval_fraction=0.25, split_seed=0,
-                       max_train=-1, seq_len=16, pool="mean", text_column="text",
+                       max_train=-1, seq_len=16, pool="mlm", text_column="text",
                        label_column="label")
   c.evaluate = ml_collections.ConfigDict(ev)
   return c
