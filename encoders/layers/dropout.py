@@ -77,7 +77,12 @@ class Dropout(nn.Module):
   """Inverted dropout, as `nn.Dropout`, with the keep mask drawn by `random_bits` when the
   rng is a threefry key (JAX's default): the same cipher as jax.random, but one fused
   pass instead of JAX's looped CPU lowering (which made dropout ~8% of a BERT train step
-  on the CPU). Other key types fall back to `jax.random.bernoulli`."""
+  on the CPU). Other key types fall back to `jax.random.bernoulli`.
+
+  The keep mask is a materialised boolean (an optimization barrier): left free, XLA fuses
+  the 20-round cipher into each consumer of the mask, forward and backward, and the TPU
+  v6e backend's instruction scheduler spends minutes per such fusion (a BERT-base step
+  compiled for v6e:2x2 in over 30 min; 200 s with the barrier)."""
   rate: float
   rng_collection: str = "dropout"
 
@@ -95,7 +100,7 @@ class Dropout(nn.Module):
       data = rng
     if data is not None and data.shape == (2,) and data.dtype == jnp.uint32:
       threshold = min(int(round(keep_prob * 2.0**32)), 2**32 - 1)
-      keep = random_bits(data, x.shape) < jnp.uint32(threshold)
+      keep = jax.lax.optimization_barrier(random_bits(data, x.shape) < jnp.uint32(threshold))
     else:
       keep = jax.random.bernoulli(rng, keep_prob, x.shape)
     return jnp.where(keep, x / jnp.asarray(keep_prob, x.dtype), jnp.zeros((), x.dtype))

@@ -229,16 +229,16 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
   report["splash_kernel_in_hlo"] = any(  # a custom call, not just a name in metadata
       "splash" in c["name"].lower() for c in kernel_cost.custom_calls(hlo))
   if report["fits"]:
-    est, notes, priced_hlo = _step_time_estimate(config, tok, devices, setup, batch, est, hlo,
-                                                 programs)
+    est, notes, priced_hlo, counts = _step_time_estimate(
+        config, tok, devices, setup, batch, est, hlo, _counts(cost), programs)
     bandwidth = kernel_cost.hbm_bandwidth(kind)
     if bandwidth is None:
       raise AotError(f"HBM bandwidth of {kind!r} is not in launch/perf/kernel_cost.py's table")
     kernels = kernel_cost.price(priced_hlo, peak, bandwidth / per_chip, kernel_efficiency)
     if kernels["calls"] and est is not None and est > 0:
       report["xla_with_opaque_kernels_s"] = est
-      est, priced_hlo = _xla_part_without_kernels(config, tok, devices, batch,
-                                                  _has_loop(hlo), programs)
+      est, priced_hlo, counts = _xla_part_without_kernels(config, tok, devices, batch,
+                                                          _has_loop(hlo), programs)
       notes.append("XLA's part priced on a twin with each Pallas kernel replaced by an "
                    "elementwise stand-in (same inputs and output); the kernels by roofline")
     if notes:
@@ -249,6 +249,7 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
     if est is not None and est > 0:
       report["xla_priced_s"] = est
       report["free_custom_calls"] = free_custom_calls(priced_hlo)
+      report["xla_priced_counts"] = dict(counts, hbm_bandwidth=bandwidth / per_chip)
       report["kernel_roofline"] = kernels
       est = est + kernels["seconds"]
       report["estimated_step_s"] = est
@@ -257,7 +258,7 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
   return report
 
 
-def _step_time_estimate(config, tok, devices, setup, batch, est, hlo, programs):
+def _step_time_estimate(config, tok, devices, setup, batch, est, hlo, counts, programs):
   """XLA's cost-model time of the step, and notes on how it was obtained.
 
   The TPU cost model prices a while loop's body once, not per trip, so a step with
@@ -270,7 +271,7 @@ def _step_time_estimate(config, tok, devices, setup, batch, est, hlo, programs):
   masking is written with gathers and scans only, so today's step is priced directly."""
   loops = _has_loop(hlo)
   if est is not None and est > 0 and not loops:
-    return est, [], hlo
+    return est, [], hlo, counts
   notes = []
   price_setup = setup
   if loops:
@@ -279,14 +280,14 @@ def _step_time_estimate(config, tok, devices, setup, batch, est, hlo, programs):
     twin.optimizer.grad_accum_steps = 1
     price_setup = trainer.build(twin, tok, devices=devices)
     notes.append("layers unrolled and no accumulation loop (XLA prices a loop body once)")
-    est, loops, hlo = _price(price_setup, batch, "the unrolled twin", programs)
+    est, loops, hlo, counts = _price(price_setup, batch, "the unrolled twin", programs)
   if est is None or est <= 0:
-    est, loops, hlo = _estimate_without_transform(price_setup, batch, programs)
+    est, loops, hlo, counts = _estimate_without_transform(price_setup, batch, programs)
     notes.append("without the objective's batch transform, which XLA's TPU cost model "
                  "could not price")
   if loops:
     notes.append("the priced program still has a loop: the estimate is a lower bound")
-  return est, notes, hlo
+  return est, notes, hlo, counts
 
 
 def _xla_part_without_kernels(config, tok, devices, batch, unroll: bool, programs):
@@ -303,10 +304,10 @@ def _xla_part_without_kernels(config, tok, devices, batch, unroll: bool, program
     twin.optimizer.grad_accum_steps = 1
   with kernels.kernel_stand_ins():
     stand_in = trainer.build(twin, tok, devices=devices)
-    est, _, hlo = _price(stand_in, batch, "the kernel stand-in twin", programs)
+    est, _, hlo, counts = _price(stand_in, batch, "the kernel stand-in twin", programs)
     if est is None or est <= 0:
-      est, _, hlo = _estimate_without_transform(stand_in, batch, programs)
-  return est, hlo
+      est, _, hlo, counts = _estimate_without_transform(stand_in, batch, programs)
+  return est, hlo, counts
 
 
 def _has_loop(hlo: str) -> bool:
@@ -324,12 +325,18 @@ def _compile(setup, batch, name, programs):
   return compiled
 
 
+def _counts(cost: Dict[str, float]) -> Dict[str, float]:
+  """The FLOPs and HBM bytes XLA's cost analysis counted for a program (per device)."""
+  return {"flops": cost.get("flops"), "bytes": cost.get("bytes accessed")}
+
+
 def _price(setup, batch, name, programs):
   """XLA's cost-model time of `setup.train_step` on `batch`, whether the compiled
-  program has a while loop, and its HLO text."""
+  program has a while loop, its HLO text, and XLA's FLOP and byte counts (`_counts`)."""
   compiled = _compile(setup, batch, name, programs)
   hlo = compiled.as_text() or ""
-  return _optimal_seconds(xla_cost(compiled), hlo), _has_loop(hlo), hlo
+  cost = xla_cost(compiled)
+  return _optimal_seconds(cost, hlo), _has_loop(hlo), hlo, _counts(cost)
 
 
 def _estimate_without_transform(setup, batch, programs):
@@ -389,6 +396,13 @@ def format_report(r: Dict[str, Any]) -> str:
     lines.append(f"  = {r['xla_priced_s'] * 1e3:.2f} ms XLA cost model (every op but the "
                  f"Pallas kernels) + {kr.get('seconds', 0.0) * 1e3:.2f} ms roofline estimate of "
                  f"{kr.get('calls', 0)} Pallas kernel call(s) XLA cannot see into")
+    pc = r.get("xla_priced_counts") or {}
+    if pc.get("flops") and pc.get("bytes") and pc.get("hbm_bandwidth"):
+      compute, memory = pc["flops"] / r["peak_flops_per_device"], pc["bytes"] / pc["hbm_bandwidth"]
+      lines.append(f"    (XLA's part against its own counts: {pc['flops'] / 1e12:.3f} TFLOP = "
+                   f"{compute * 1e3:.2f} ms at peak, {pc['bytes'] / 1e9:.2f} GB of HBM traffic = "
+                   f"{memory * 1e3:.2f} ms at {pc['hbm_bandwidth'] / 1e9:.0f} GB/s; priced "
+                   f"{r['xla_priced_s'] / max(compute, memory):.2f}x the larger)")
     if "xla_with_opaque_kernels_s" in r:
       lines.append(f"    (XLA's own price of the program with the kernels as opaque calls, "
                    f"not used: {r['xla_with_opaque_kernels_s'] * 1e3:.2f} ms)")

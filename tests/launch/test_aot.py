@@ -61,6 +61,11 @@ def test_tpu_recipe_gets_splash_and_compiles_sharded_for_v5p(libtpu, tmp_path):
   assert kr["flops"] == 7 * 2 * 4 * 2 * 128 * 128 * 64 and kr["unpriced"] == []
   assert r["estimated_step_s"] == pytest.approx(r["xla_priced_s"] + kr["seconds"])
   assert kr["seconds"] > 0 and "roofline estimate of 2 Pallas kernel call(s)" in p.stdout
+  # XLA's own FLOP and byte counts of the program it priced (the twin), beside its price
+  pc = r["xla_priced_counts"]
+  assert pc["flops"] > 0 and pc["bytes"] > 0
+  assert pc["hbm_bandwidth"] == 2765e9 / r["devices_per_chip"]
+  assert "XLA's part against its own counts" in p.stdout
   # --breakdown: the priced twin's ops by the compiler's per-op cycle estimates, grouped by
   # source op with the autodiff pass named; the stand-ins, not the kernels, are in it
   b = r["breakdown"]
@@ -201,9 +206,10 @@ def test_fallback_twin_prices_the_step_with_the_transform_done_beforehand():
   batch = synthetic.abstract_batch(setup.objective, 4, 32, setup.batch_sharding)
   before = setup.objective.transform
   programs = []
-  est, notes, hlo = aot._step_time_estimate(c, tok, devices, setup, batch, None, "",
-                                            programs)
+  est, notes, hlo, counts = aot._step_time_estimate(c, tok, devices, setup, batch, None, "",
+                                                    {}, programs)
   assert hlo  # the priced program, for the kernel roofline
+  assert counts["flops"] > 0 and counts["bytes"] > 0  # XLA's counts of the priced program
   # each compile is timed apart, under its name
   assert [name for name, _ in programs] == ["the twin without the batch transform"]
   assert programs[0][1] > 0
