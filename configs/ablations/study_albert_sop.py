@@ -18,7 +18,7 @@ measure: the SOP-trained head scores well on NSP pairs, the NSP-trained head is 
 chance on SOP pairs (Table 5: 52.0 against 86.5). It is tested as SOP − NSP on SOP pairs,
 paired by pretraining seed (three seeds); the NSP-pair column shows the other half.
 The arms train without dropout (a short run only slows down with it) and add a linear
-probe (Rotten Tomatoes sentiment) with each encoder at random init as the floor.
+probe (BBC topics, studies.probe_default) with each encoder at random init as the floor.
 """
 import ml_collections
 

@@ -7,9 +7,10 @@ Masked Language Modeling?"; ModernBERT trains at 30%).
 Arms: configs/bert.py's tiny-mlm recipe (MLM alone on packed documents, scored at BERT's
 15% whatever the training rate: objective.eval_mask_rate) trained at 15% and at 40%
 (the masked positions per row follow the rate: max_predictions=-1). Three pretraining
-seeds per arm; the claim is tested on a frozen-feature linear probe (Rotten Tomatoes
-sentiment, studies.probe_default) paired by seed, with each encoder at random init as
-the floor. Paper numbers: not checked (Wettig et al. report larger models and GLUE/SQuAD).
+seeds per arm; the claim is tested on a frozen-feature linear probe (BBC topics on the
+MLM head's predicted-token distribution, studies.probe_default) paired by seed, with each
+encoder at random init as the floor; the held-out MLM accuracy (both scored at 15%) is
+reported beside it. Paper numbers: not checked (Wettig et al. report larger models and GLUE/SQuAD).
 Whole-word masking and 30%: study_masking_wwm.py.
 """
 from configs.ablations import studies as S
