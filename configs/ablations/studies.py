@@ -23,7 +23,7 @@ def finetune_default(**kw):
 
 def probe_default(**kw):
   """The frozen-feature linear probe (launch/ablation/probe.py) on BBC News topics
-  (docs/finetune_real.py's `bbc`, all 2,225 documents, 25% held out, 500 of the rest to
+  (docs/finetune_real.py's `bbc`, all 2,225 documents, 25% held out, 200 of the rest to
   train on: the features of fewer documents cost less, and with fewer labels a random
   encoder's bag of words is further behind) at length 128, on the MLM head's
   predicted-token distribution averaged over the tokens (pool="mlm"). At
@@ -31,7 +31,7 @@ def probe_default(**kw):
   mean-pooled hidden states (on BBC or on Rotten Tomatoes sentiment) did not
   (docs/ablations/README.md). A model without an MLM head (ELECTRA's discriminator)
   needs pool="mean"."""
-  p = dict(dataset="bbc", max_rows=-1, eval_fraction=0.25, split_seed=0, max_train=500,
+  p = dict(dataset="bbc", max_rows=-1, eval_fraction=0.25, split_seed=0, max_train=200,
            seq_len=128, pool="mlm", text_column="text", label_column="label")
   p.update(kw)
   return p

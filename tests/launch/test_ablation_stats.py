@@ -72,6 +72,21 @@ def test_the_probe_separates_separable_features_and_not_shuffled_labels():
   assert probe.majority([0, 0, 1], [0, 1, 1, 1]) == 0.25
 
 
+def test_more_features_than_rows_fit_in_the_rows_span():
+  x, y = _blobs(300, d=40)
+  wide = np.concatenate([x, np.random.default_rng(2).normal(size=(300, 160))], 1)
+  w, b = probe.fit_logistic(wide[:60], y[:60], 3, 1e-2)  # d 200 > n 60: the span
+  assert w.shape == (200, 3)
+  # The same minimiser as the full-dimensional fit: compare objectives at both solutions.
+  loss = lambda w, b: (-np.log(np.exp((z := wide[:60] @ w + b) - z.max(1, keepdims=True))[
+      np.arange(60), y[:60]] / np.exp(z - z.max(1, keepdims=True)).sum(1)).mean()
+                       + 5e-3 * (w * w).sum())
+  from scipy import optimize
+  full = optimize.minimize(lambda t: loss(t[:600].reshape(200, 3), t[600:]),
+                           np.zeros(603), method="L-BFGS-B", options={"maxiter": 2000})
+  assert loss(w, b) <= full.fun + 1e-4
+
+
 def test_the_probe_split_mixes_a_label_sorted_table(tmp_path):
   path = tmp_path / "sorted.csv"
   path.write_text("text,label\n" + "".join(f"a{i},0\n" for i in range(50))
