@@ -35,7 +35,7 @@ def get_config():
   c.table = "Table 5"
   c.question = "NSP or SOP: which pair loss teaches inter-sentence coherence?"
   c.scale = ml_collections.ConfigDict(dict(
-      variant="tiny", steps=1200, seq_len=64, global_batch=64, checkpoint_every=600,
+      variant="tiny", steps=1000, seq_len=64, global_batch=64, checkpoint_every=500,
       learning_rate=2e-3, seeds=(0, 1, 2), evals=4))
   c.compare = ml_collections.ConfigDict(dict(
       higher="sop", lower="nsp", metric="pair_on_sop",
