@@ -87,7 +87,10 @@ def get_config(arg="base"):
       tm = teacher.model.unlock()
       tm.heads = ("mlm",)
       add_distillation(c, tm)
-  elif a.variant == "base":
+  else:  # BERT's TPU recipe (configs/bert.py): Splash has no attention-probs dropout
+    c.model.attention_probs_dropout_prob = 0.0
+    c.model.vocab_pad_multiple = 128
+  if a.variant == "base":
     c.data.seq_len = 128
     c.data.global_batch = 256
     c.tokenizer.vocab_size = 30522
@@ -97,7 +100,7 @@ def get_config(arg="base"):
     c.train.log_every = 100
     c.train.eval_every = 10_000
     c.checkpoint.every = 5_000
-  else:  # paper
+  elif a.variant == "paper":
     tm = bert_configs.get_config("base").model.unlock()
     tm.heads = ("mlm",)
     tm.vocab_size = 30522

@@ -14,6 +14,10 @@ clip 1.0, linear decay) with tied token/position/type embeddings (the paper's sh
 The masked positions are [MASK] 85% of the time and kept 15% (no random tokens: the
 generator supplies the replacements).
 Arguments: `sharing=none|tied|gdes` (gdes: DeBERTaV3's gradient-disentangled sharing).
+Departures from the paper for the TPU, as configs/bert.py's recipe: attention-probability
+dropout 0 (so `attention_impl: auto` runs the Splash kernel, which has none) and the
+embedding table padded to a multiple of 128 rows (padded ids are never predicted or
+sampled). `--config.model.attention_probs_dropout_prob=0.1` restores the paper's.
 
 tiny is the CPU run: a 2-layer H128 discriminator with an H32 generator on the default
 corpus, sequences of 64, learning rate 1e-3, 800 steps, sampling temperature 2 (the one
@@ -71,6 +75,8 @@ def get_config(arg="base"):
     c.data.seq_len = seq_len
     c.data.global_batch = batch
     c.tokenizer.vocab_size = 30522
+    c.model.attention_probs_dropout_prob = 0.0  # BERT's TPU recipe: see the docstring
+    c.model.vocab_pad_multiple = 128
     c.optimizer.learning_rate = lr
     c.optimizer.warmup_steps = 10_000
     c.optimizer.eps = 1e-6
