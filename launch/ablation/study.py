@@ -80,6 +80,14 @@ def _keys(node) -> list:
     return []
 
 
+def _only_known(name, where, node, known) -> None:
+  """StudyError naming the first key of `node` that is not in `known`."""
+  for key in _keys(node):
+    if key not in known:
+      raise StudyError(f"study {name!r}: unknown {where} key {key!r}; known: "
+                       f"{', '.join(known)}")
+
+
 def validate(study) -> None:
   """Raises StudyError naming the first missing field, unknown key or bad reference."""
   name = study.get("name", "?") if hasattr(study, "get") else "?"
@@ -94,10 +102,7 @@ def validate(study) -> None:
     raise StudyError(f"study {name!r}: order {order} must list each arm once "
                      f"({', '.join(sorted(_keys(study.arms)))})")
   arms = arm_names(study)
-  for key in _keys(study.get("scale", {})):
-    if key not in SCALE_KEYS:
-      raise StudyError(f"study {name!r}: unknown scale key {key!r}; known: "
-                       f"{', '.join(SCALE_KEYS)}")
+  _only_known(name, "scale", study.get("scale", {}), SCALE_KEYS)
   columns = tuple(study.get("paper_columns", ()))
   for arm in arms:
     a = study.arms[arm]
@@ -120,16 +125,10 @@ def validate(study) -> None:
       isinstance(k, int) and k >= 0 for k in seeds):
     raise StudyError(f"study {name!r}: scale.seeds={seeds!r} must be distinct integers >= 0")
   ev = study.evaluate
-  for key in _keys(ev):
-    if key not in EVALUATE_KEYS:
-      raise StudyError(f"study {name!r}: unknown evaluate key {key!r}; known: "
-                       f"{', '.join(EVALUATE_KEYS)}")
+  _only_known(name, "evaluate", ev, EVALUATE_KEYS)
   probe = ev.get("probe", None)
   if probe is not None:
-    for key in _keys(probe):
-      if key not in PROBE_KEYS:
-        raise StudyError(f"study {name!r}: unknown evaluate.probe key {key!r}; known: "
-                         f"{', '.join(PROBE_KEYS)}")
+    _only_known(name, "evaluate.probe", probe, PROBE_KEYS)
     if not probe.get("dataset", ""):
       raise StudyError(f"study {name!r}: evaluate.probe has no 'dataset'")
     if probe.get("pool", "mean") not in ("mean", "cls", "mlm"):
@@ -137,10 +136,7 @@ def validate(study) -> None:
                        "cls or mlm")
   cmp = study.get("compare", None)
   if cmp is not None and _keys(cmp):
-    for key in _keys(cmp):
-      if key not in COMPARE_KEYS:
-        raise StudyError(f"study {name!r}: unknown compare key {key!r}; known: "
-                         f"{', '.join(COMPARE_KEYS)}")
+    _only_known(name, "compare", cmp, COMPARE_KEYS)
     for key in ("higher", "lower"):
       if cmp.get(key, "") not in arms:
         raise StudyError(f"study {name!r}: compare.{key}={cmp.get(key, '')!r} is not an arm "
@@ -153,10 +149,7 @@ def validate(study) -> None:
                        f"from {', '.join(METRICS)}")
   ft = ev.get("finetune", None)
   if ft is not None:
-    for key in _keys(ft):
-      if key not in FINETUNE_KEYS:
-        raise StudyError(f"study {name!r}: unknown evaluate.finetune key {key!r}; known: "
-                         f"{', '.join(FINETUNE_KEYS)}")
+    _only_known(name, "evaluate.finetune", ft, FINETUNE_KEYS)
     if not ft.get("dataset", ""):
       raise StudyError(f"study {name!r}: evaluate.finetune has no 'dataset'")
     if not tuple(ft.get("seeds", ())):
