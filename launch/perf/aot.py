@@ -199,7 +199,7 @@ def compile_train_step(config, topology: str, global_batch: int, seq: int = 0,
       "topology": topology, "device_kind": kind, "devices": len(devices),
       "devices_per_chip": per_chip, "mesh": dict(setup.mesh.shape),
       "global_batch": global_batch, "seq": seq, "attention_choice": attention_choice,
-      "compiler_options": trainer.compiler_options(config, "tpu") or {},
+      "compiler_options": trainer.compiler_options(config, "tpu", kind) or {},
       "config": runinfo.config_summary(config, setup.objective),
       "hbm_capacity_bytes": capacity, "peak_flops_per_device": peak}
   programs = report["compile_programs"] = []  # (program, seconds): each compile apart

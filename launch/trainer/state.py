@@ -63,29 +63,47 @@ def _resolve_attention(config, mesh):
   (log.warning if "dropout" in line else log.info)("%s", line)
 
 
-def compiler_options(config, platform: str):
+# TPU compiler options for one generation (by device kind), each with its reason.
+GENERATION_OPTIONS = {
+    # v6e: with the state split over data (mesh.shard_state_over_data) the compiler turns
+    # each weight gradient's reduce-scatter into windowed matmuls that each read the
+    # layer's activations again; BERT-base's step is bound by HBM traffic there, and a
+    # 2-layer BERT-base step at 64 rows per chip moves 18.7 GB instead of 24.9 GB without
+    # them (docs/benchmarks.md).
+    "TPU v6 lite": {"xla_tpu_enable_windowed_einsum_for_reduce_scatter": False},
+}
+
+
+def compiler_options(config, platform: str, device_kind: str = ""):
   """The XLA options the train and eval steps are compiled with on `platform`: on TPU the
-  scoped-VMEM limit of `train.tpu_scoped_vmem_kib` (0: the compiler's default); None
-  elsewhere, and for 0."""
+  scoped-VMEM limit of `train.tpu_scoped_vmem_kib` (0: the compiler's default) and the
+  options of the chip's generation (`GENERATION_OPTIONS`); None elsewhere, or when there
+  are none."""
   kib = config.get("train", {}).get("tpu_scoped_vmem_kib", 0)
   if isinstance(kib, bool) or not isinstance(kib, int) or kib < 0:
     raise ValueError(f"train.tpu_scoped_vmem_kib must be an integer >= 0 (KiB; 0 = the "
                      f"compiler's default), got {kib!r}")
-  if platform != "tpu" or not kib:
+  if platform != "tpu":
     return None
-  return {"xla_tpu_scoped_vmem_limit_kib": kib}
+  options = {"xla_tpu_scoped_vmem_limit_kib": kib} if kib else {}
+  options.update(GENERATION_OPTIONS.get(device_kind, {}))
+  return options or None
 
 
 def compiler_options_line(options) -> str:
   """The line a run's log and launch.aot's report give `compiler_options`' result."""
   text = ", ".join(f"{k}={v}" for k, v in (options or {}).items()) or "the compiler's defaults"
-  return f"TPU compiler options: {text} (train.tpu_scoped_vmem_kib)"
+  generation = any(k in g for g in GENERATION_OPTIONS.values() for k in (options or {}))
+  return (f"TPU compiler options: {text} (train.tpu_scoped_vmem_kib"
+          + ("; the chip generation's: launch/trainer/state.py GENERATION_OPTIONS" if generation
+             else "") + ")")
 
 
 def build(config, tokenizer, devices=None) -> Setup:
   """Mesh, objective, optimizer, sharded state init, jitted train and eval steps."""
   mesh = shard_lib.make_mesh(config.mesh.shape, devices)
-  options = compiler_options(config, mesh.devices.flat[0].platform)
+  first = mesh.devices.flat[0]
+  options = compiler_options(config, first.platform, getattr(first, "device_kind", ""))
   if options:
     logging.getLogger("encoder_zoo").info("%s", compiler_options_line(options))
   _resolve_attention(config, mesh)

@@ -124,8 +124,19 @@ def test_compiler_options_are_for_tpu_only_and_refuse_bad_values():
   assert trainer.compiler_options(c, "tpu") == {"xla_tpu_scoped_vmem_limit_kib": 98304}
   assert trainer.compiler_options(c, "cpu") is None
   assert trainer.compiler_options(c, "gpu") is None
+  # a generation's own options join the config's (v6e: no windowed reduce-scatter matmuls)
+  v6e = trainer.compiler_options(c, "tpu", "TPU v6 lite")
+  assert v6e == {"xla_tpu_scoped_vmem_limit_kib": 98304,
+                 "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}
+  assert trainer.compiler_options(c, "tpu", "TPU v5") == {"xla_tpu_scoped_vmem_limit_kib": 98304}
+  assert trainer.compiler_options(c, "cpu", "TPU v6 lite") is None
+  assert "GENERATION_OPTIONS" in trainer.compiler_options_line(v6e)
+  assert "GENERATION_OPTIONS" not in trainer.compiler_options_line(
+      trainer.compiler_options(c, "tpu", "TPU v5"))
   c.train.tpu_scoped_vmem_kib = 0  # the compiler's own default
   assert trainer.compiler_options(c, "tpu") is None
+  assert trainer.compiler_options(c, "tpu", "TPU v6 lite") == {
+      "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}
   for bad in (-1, True):
     c.train.tpu_scoped_vmem_kib = bad
     with pytest.raises(ValueError, match="train.tpu_scoped_vmem_kib must be an integer"):
