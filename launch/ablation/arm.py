@@ -33,6 +33,7 @@ import ml_collections
 import numpy as np
 
 import objectives
+from encoders import outdir
 from launch import cli
 from launch.trainer import finetuning
 from launch import trainer
@@ -277,12 +278,8 @@ def export_random_init(config, pretrain_dir, out_dir):
   setup = trainer.build(c, pipeline.tokenizer)
   state = setup.init_state()
   host = jax.device_get({**state.params, **state.frozen})
-  tmp = f"{out_dir}.tmp{os.getpid()}"
-  shutil.rmtree(tmp, ignore_errors=True)
-  os.makedirs(tmp)
-  setup.objective.export(host, tmp, pipeline.tokenizer)
-  shutil.rmtree(out_dir, ignore_errors=True)
-  os.rename(tmp, out_dir)
+  with outdir.atomic_dir(out_dir, "launch.ablate random init") as tmp:
+    setup.objective.export(host, tmp, pipeline.tokenizer)
 
 
 # ---- the arm ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import platform
 
 import numpy as np
 
+from launch import markdown
 from launch.ablation import stats
 from launch.ablation import study as study_lib
 from launch.trainer import plotting
@@ -31,6 +32,11 @@ METRIC_NAMES = {"mlm_accuracy": "held-out MLM accuracy", "rtd_accuracy":
                 "pair_on_sop": "pair head on SOP pairs", "probe_accuracy":
                 "linear-probe accuracy", "probe_gain": "probe gain over random init",
                 "finetune_accuracy": "fine-tuned accuracy"}
+# what each probe pool (launch/ablation/probe.py) reads
+POOL_TEXT = {"mean": "the last hidden state averaged over the real tokens",
+             "cls": "the first token's last hidden state",
+             "mlm": "the MLM head's predicted-token distribution averaged over the real "
+                    "tokens (log)"}
 SUMMARY_BEGIN = "<!-- summary table: python -m launch.ablate --summary docs/ablations -->"
 SUMMARY_END = "<!-- end of summary table -->"
 
@@ -147,6 +153,16 @@ def learned_lines(rows) -> list[str]:
   return out
 
 
+def mean_curve(row, key) -> dict:
+  """{step: `key`'s held-out value at that step, averaged over the arm's seeds}."""
+  pts = {}
+  for s in row.get("per_seed", []):
+    for e in s.get("curve", []):
+      if key in e:
+        pts.setdefault(e["step"], []).append(e[key])
+  return {st: float(np.mean(v)) for st, v in sorted(pts.items())}
+
+
 def curve_table(rows) -> list[str]:
   """Held-out metrics over steps, mean over seeds, one column per arm and metric."""
   cols = []
@@ -157,15 +173,13 @@ def curve_table(rows) -> list[str]:
     cols += [(r, k) for k in keys]
   if not cols:
     return []
-  steps = sorted({e["step"] for r, _ in cols for s in r["per_seed"] for e in s["curve"]})
+  curves = [mean_curve(r, k) for r, k in cols]
+  steps = sorted({st for c in curves for st in c})
   out = ["| step | " + " | ".join(f"{r['arm']}: {k.replace('_accuracy', '')} %"
                                    for r, k in cols) + " |", "|" + "---|" * (len(cols) + 1)]
   for st in steps:
-    cells = []
-    for r, k in cols:
-      v = [e[k] for s in r["per_seed"] for e in s["curve"] if e["step"] == st and k in e]
-      cells.append(_pct(float(np.mean(v))) if v else "—")
-    out.append(f"| {st} | " + " | ".join(cells) + " |")
+    out.append(f"| {st} | " + " | ".join(_pct(c[st]) if st in c else "—" for c in curves)
+               + " |")
   return out
 
 
@@ -190,7 +204,7 @@ def write_md(study, rows, path, command="", load="", baseline=None, run_info=Non
                f"{float(pcfg.get('eval_fraction', 0.2)):.0%} held out with split seed "
                f"{int(pcfg.get('split_seed', 0))}, at most {int(pcfg.get('max_train', -1))} "
                f"training rows), seq {int(pcfg.get('seq_len', 128))}, "
-               f"{pcfg.get('pool', 'mean')}-pooled last hidden state, L2 logistic "
+               f"features: {POOL_TEXT[pcfg.get('pool', 'mean')]}, L2 logistic "
                "regression (launch/ablation/probe.py)"
                + (f"; always predicting the majority class {_pct(maj)}%" if maj is not None
                   else "") + ".")
@@ -313,10 +327,6 @@ def write_summary(docs_dir) -> str:
   readme = os.path.join(docs_dir, "README.md")
   if not os.path.isfile(readme):
     raise study_lib.StudyError(f"--summary {docs_dir}: no README.md there")
-  text = open(readme).read()
-  if SUMMARY_BEGIN not in text or SUMMARY_END not in text:
-    raise study_lib.StudyError(f"{readme} has no summary table markers ({SUMMARY_BEGIN!r} "
-                               f"... {SUMMARY_END!r})")
   records = []
   for path in sorted(glob.glob(os.path.join(docs_dir, "*", "summary.json"))):
     with open(path) as f:
@@ -326,10 +336,11 @@ def write_summary(docs_dir) -> str:
   body = (summary_table(records) if records else
           ["No study has a summary.json here yet (a study's run writes one next to its "
            "results.md)."])
-  head, rest = text.split(SUMMARY_BEGIN, 1)
-  _, tail = rest.split(SUMMARY_END, 1)
-  with open(readme, "w") as f:
-    f.write(head + SUMMARY_BEGIN + "\n\n" + "\n".join(body) + "\n\n" + SUMMARY_END + tail)
+  try:
+    markdown.replace_block(readme, SUMMARY_BEGIN, SUMMARY_END, "\n" + "\n".join(body) + "\n")
+  except ValueError:
+    raise study_lib.StudyError(f"{readme} has no summary table markers ({SUMMARY_BEGIN!r} "
+                               f"... {SUMMARY_END!r})") from None
   return readme
 
 
@@ -394,14 +405,9 @@ def plot(study, rows, path, baseline=None):
     if kind == "curve":
       for i, r in enumerate(rows):
         for k, ls in (("mlm_accuracy", "-"), ("rtd_accuracy", "--")):
-          pts = {}
-          for s in r.get("per_seed", []):
-            for e in s.get("curve", []):
-              if k in e:
-                pts.setdefault(e["step"], []).append(e[k])
-          if pts:
-            st = sorted(pts)
-            ax.plot(st, [100 * np.mean(pts[p]) for p in st], ls, color=f"C{i}",
+          c = mean_curve(r, k)
+          if c:
+            ax.plot(list(c), [100 * v for v in c.values()], ls, color=f"C{i}",
                     label=f"{r['label']} {k.split('_')[0]}")
       ax.set_xlabel("step", fontsize=8)
       ax.legend(fontsize=6)

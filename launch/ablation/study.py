@@ -51,6 +51,7 @@ import os
 import ml_collections
 
 from launch import cli
+from launch.ablation import probe as probe_lib
 
 REQUIRED = ("name", "paper", "table", "arms", "evaluate")
 # ConfigDict lists its keys sorted: `order` (optional) gives the arms' run order.
@@ -131,9 +132,9 @@ def validate(study) -> None:
     _only_known(name, "evaluate.probe", probe, PROBE_KEYS)
     if not probe.get("dataset", ""):
       raise StudyError(f"study {name!r}: evaluate.probe has no 'dataset'")
-    if probe.get("pool", "mean") not in ("mean", "cls", "mlm"):
-      raise StudyError(f"study {name!r}: evaluate.probe.pool={probe.pool!r}; expected mean, "
-                       "cls or mlm")
+    if probe.get("pool", "mean") not in probe_lib.POOLS:
+      raise StudyError(f"study {name!r}: evaluate.probe.pool={probe.pool!r}; expected one "
+                       f"of {', '.join(probe_lib.POOLS)}")
   cmp = study.get("compare", None)
   if cmp is not None and _keys(cmp):
     _only_known(name, "compare", cmp, COMPARE_KEYS)

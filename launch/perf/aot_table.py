@@ -12,9 +12,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from launch import markdown
 
 TOPOLOGIES = ("v5p:2x2x1", "v6e:2x2")
 START, END = "<!-- aot-table -->", "<!-- /aot-table -->"
@@ -98,7 +99,7 @@ def run_one(row: Row, topology: str, out: str, extra: Sequence[str] = (),
     r = {"error": f"exit {rc}" if rc is not None else "timeout", "output_tail": tail}
   r.update(row=row.name, topology_asked=topology, wall_s=wall,
            command="python -m launch.aot " + " ".join(row.argv(topology) + list(extra)))
-  _write(path, json.dumps(r, indent=1, default=str))
+  markdown.write_whole(path, json.dumps(r, indent=1, default=str))
   return r
 
 
@@ -162,22 +163,4 @@ def render(rows: Sequence[Row], topologies: Sequence[str],
 def update(path: str, table: str):
   """Replaces what lies between the START and END markers of `path` with `table`; a file
   without both markers is an error naming them (nothing is written)."""
-  with open(path) as f:
-    text = f.read()
-  if START not in text or END not in text or text.index(START) > text.index(END):
-    raise ValueError(f"{path} has no {START} ... {END} block to put the table in")
-  head, rest = text.split(START, 1)
-  _, tail = rest.split(END, 1)
-  _write(path, f"{head}{START}\n{table}\n{END}{tail}")
-
-
-def _write(path: str, text: str):
-  """`text` into `path` whole or not at all (a new temporary file renamed over it)."""
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".partial")
-  try:
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
-    os.replace(tmp, path)
-  except BaseException:
-    os.unlink(tmp)
-    raise
+  markdown.replace_block(path, START, END, table)
